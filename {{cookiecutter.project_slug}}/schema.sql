@@ -1,0 +1,43 @@
+{%- from "replay_matrix.jinja" import kind with context -%}
+{%- set t = cookiecutter.record_table -%}
+-- The record of handled operations for {{ cookiecutter.job_type }}: one row per operation key that a run has
+-- claimed. Runs as it is on PostgreSQL and on SQLite; the migration in db/migrate/ matches it.
+--
+-- The claim is `INSERT ... ON CONFLICT (job_type, operation_key) DO NOTHING RETURNING claim_token`: a returned
+-- row means this run owns the work. Timestamps have no default because they come from the database's own
+-- clock, written by the claim code in SQL (PostgreSQL: clock_timestamp(); SQLite: julianday('now'), a
+-- fraction of days), so that "older than the lease" is decided by one clock, never a worker's.
+CREATE TABLE {{ t }} (
+    job_type            VARCHAR(100) NOT NULL,
+    operation_key       VARCHAR(255) NOT NULL,
+    -- sha256 of the message's payload: the same key with another payload is a conflict, not a duplicate
+    payload_fingerprint VARCHAR(64)  NOT NULL,
+    -- claimed: a run owns it | completed: done | held: waits for a person |
+    -- abandoned: given up for good | released: a person allowed one more attempt
+    status              VARCHAR(16)  NOT NULL DEFAULT 'claimed',
+    -- new on every claim and takeover: completion and takeover compare it, so a slow original run
+    -- cannot overwrite a newer claim and two late redeliveries cannot both take over
+    claim_token         VARCHAR(36)  NOT NULL,
+    attempt             INTEGER      NOT NULL DEFAULT 1,
+    claimed_at          TIMESTAMP WITH TIME ZONE NOT NULL,
+    completed_at        TIMESTAMP WITH TIME ZONE,
+    -- why a claim was held, abandoned or taken over, and who resolved a held one, when
+    note                TEXT,
+    resolved_by         VARCHAR(255),
+    resolved_at         TIMESTAMP WITH TIME ZONE,
+    CONSTRAINT {{ t }}_status CHECK (status IN ('claimed', 'completed', 'held', 'abandoned', 'released')),
+    CONSTRAINT {{ t }}_operation UNIQUE (job_type, operation_key)
+);
+
+-- The sweeper's question: which claims are older than the lease?
+CREATE INDEX {{ t }}_by_status ON {{ t }} (status, claimed_at);
+{%- if kind.one_transaction %}
+
+-- The effect itself: a row written in the claim's own transaction. No unique key on purpose: the replay
+-- suite counts these rows, so a second effect would show rather than fail.
+CREATE TABLE {{ cookiecutter.job_type }}_effects (
+    operation_key       VARCHAR(255) NOT NULL,
+    payload             TEXT         NOT NULL,
+    performed_at        TIMESTAMP WITH TIME ZONE NOT NULL
+);
+{%- endif %}
