@@ -1,0 +1,60 @@
+"""Generating a kit with either tool, the way a user would, and reading what came out."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from pathlib import Path
+from typing import Any
+
+import copier
+from cookiecutter.exceptions import CookiecutterException
+from cookiecutter.main import cookiecutter
+
+from matrix import ROOT
+
+COPIER_ANSWERS = ".copier-answers.yml"
+
+
+class GenerationFailed(Exception):
+    """The tool refused the answers; `message` is what the user saw."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def with_cookiecutter(output_dir: Path, answers: dict[str, Any]) -> Path:
+    """Bakes a kit in output_dir; returns its folder."""
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            folder = cookiecutter(
+                str(ROOT), no_input=True, output_dir=str(output_dir), extra_context=answers
+            )
+    except (CookiecutterException, ValueError) as error:
+        raise GenerationFailed(stderr.getvalue() + str(error)) from error
+    return Path(folder)
+
+
+def with_copier(destination: Path, answers: dict[str, Any]) -> Path:
+    """Copies the template into destination, non-interactively; returns it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # copier warns that a dirty checkout is used as it is
+        try:
+            copier.run_copy(
+                str(ROOT), destination, data=answers, defaults=True, quiet=True
+            )
+        except ValueError as error:
+            raise GenerationFailed(str(error)) from error
+    return destination
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    """Every file under folder, by relative path, with its bytes."""
+    return {
+        str(path.relative_to(folder)): path.read_bytes()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }

@@ -1,0 +1,120 @@
+"""Every valid combination of answers generates a whole kit, the same under cookiecutter and copier."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from generate import COPIER_ANSWERS, tree, with_cookiecutter, with_copier
+from matrix import answers, combinations, combo_id, expected, facts
+
+COMBINATIONS = combinations()
+# Jinja left in a kit, but not a GitHub Actions expression (${{ ... }}) nor a mention of cookiecutter.json
+UNRENDERED = re.compile(rb"(?<!\$)\{\{|\{%|\{#|\bcookiecutter\.(?!json)\w")
+
+
+@pytest.fixture(scope="module")
+def kits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One cookiecutter kit per combination, baked once for this module's tests."""
+    root = tmp_path_factory.mktemp("cookiecutter")
+    return {combo_id(c): with_cookiecutter(root / combo_id(c), c) for c in COMBINATIONS}
+
+
+def test_there_are_thirty_combinations() -> None:
+    # 3 queue systems x (3 policies with no reference + 4 with one + 3 for same_database)
+    assert len(COMBINATIONS) == 30
+
+
+@pytest.mark.parametrize("combo", COMBINATIONS, ids=combo_id)
+def test_no_template_syntax_survives(kits: dict[str, Path], combo: dict[str, str]) -> None:
+    files = tree(kits[combo_id(combo)])
+    assert {"POLICY.md", "README.md", "schema.sql"} <= set(files)
+    for name, content in files.items():
+        assert not UNRENDERED.search(name.encode()), name
+        assert not UNRENDERED.search(content), name
+        assert content.strip(), f"{name} is empty"
+
+
+@pytest.mark.parametrize("combo", COMBINATIONS, ids=combo_id)
+def test_copier_renders_the_same_kit(kits: dict[str, Path], combo: dict[str, str], tmp_path: Path) -> None:
+    by_copier = tree(with_copier(tmp_path / "kit", combo))
+    recorded = yaml.safe_load(by_copier.pop(COPIER_ANSWERS))
+    assert by_copier == tree(kits[combo_id(combo)])
+    # the answers file that `copier update` needs later records every answer given
+    assert {name: recorded[name] for name in answers()} == answers(**combo)
+
+
+def policy_rows(policy_md: str) -> list[tuple[int, int, str]]:
+    section = policy_md.split("## The seven cases", 1)[1].split("\n## ", 1)[0]
+    cells = [line.strip("|").split("|") for line in section.splitlines() if re.match(r"\| \d \|", line)]
+    return [(int(c[0]), int(c[2]), c[3].strip()) for c in cells]
+
+
+@pytest.mark.parametrize("combo", COMBINATIONS, ids=combo_id)
+def test_policy_md_states_the_data(kits: dict[str, Path], combo: dict[str, str]) -> None:
+    text = (kits[combo_id(combo)] / "POLICY.md").read_text()
+    given = answers(**combo)
+    rows = expected(combo["effect_kind"], combo["stale_claim_policy"])
+    assert policy_rows(text) == [(row["case"], row["emails"], row["record"]) for row in rows]
+
+    policy = facts().policies[combo["stale_claim_policy"]]
+    assert f"## The policy for a stale claim: {policy['title']}" in text
+    for fact in (
+        f"Lease: {given['lease_seconds']} seconds", f"**{given['longest_run_seconds']} seconds**",
+        given["example_key"], given["other_example_key"], given["record_table"],
+        "UNIQUE (job_type, operation_key)", "## The uncertain case", "## Limits", "## Sign-off",
+        "A queue does not become exactly-once", "Duplicates that already exist are not cleaned up",
+    ):
+        assert fact in text, fact
+    for name, other in facts().policies.items():
+        line = next(line for line in text.splitlines() if line.startswith(f"| {other['title']} (`{name}`)"))
+        assert f"| {other['emails']['5']} | {other['emails']['6']} |" in line
+        assert ("ruled out" in line) == (other.get("needs", combo["effect_kind"]) != combo["effect_kind"])
+        assert ("**chosen**" in line) == (name == combo["stale_claim_policy"])
+    assert ("leaves nothing behind" in text) == (combo["effect_kind"] == "same_database")
+
+
+@pytest.mark.parametrize("combo", COMBINATIONS, ids=combo_id)
+def test_schema_runs_on_sqlite(kits: dict[str, Path], combo: dict[str, str]) -> None:
+    db = sqlite3.connect(":memory:")
+    db.executescript((kits[combo_id(combo)] / "schema.sql").read_text())
+    columns = {row[1] for row in db.execute("PRAGMA table_info(handled_operations)")}
+    assert {"job_type", "operation_key", "status", "claimed_at", "claim_token", "payload_fingerprint"} <= columns
+    insert = (
+        "INSERT INTO handled_operations (job_type, operation_key, payload_fingerprint, claim_token, claimed_at)"
+        " VALUES ('j', 'k', 'f', ?, julianday('now')) ON CONFLICT (job_type, operation_key) DO NOTHING"
+        " RETURNING claim_token"
+    )
+    assert db.execute(insert, ["first"]).fetchall() == [("first",)]
+    assert db.execute(insert, ["second"]).fetchall() == []  # the unique pair refuses a second claim
+
+
+@pytest.mark.parametrize("effect_kind", ["external_no_reference", "same_database"])
+def test_schema_runs_on_postgresql(kits: dict[str, Path], effect_kind: str) -> None:
+    kit = kits[combo_id({"queue_system": "celery", "effect_kind": effect_kind, "stale_claim_policy": "hold"})]
+    claim = (
+        "INSERT INTO handled_operations (job_type, operation_key, payload_fingerprint, claim_token, claimed_at)"
+        " VALUES ('j', 'k', 'f', 't', clock_timestamp()) ON CONFLICT (job_type, operation_key) DO NOTHING"
+        " RETURNING claim_token;"
+    )
+    psql = ["psql", "-X", "-q", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-v", "ON_ERROR_STOP=1"]
+    # all in one transaction that rolls back: the shared server keeps nothing
+    result = subprocess.run(
+        [*psql, "-c", "BEGIN", "-f", str(kit / "schema.sql"), "-c", claim, "-c", claim, "-c", "ROLLBACK"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("(1 row)") == 1 and result.stdout.count("(0 rows)") == 1, result.stdout
+
+
+def test_default_answers_name_the_kit(kits: dict[str, Path]) -> None:
+    defaults = answers()
+    kit = kits[combo_id({k: defaults[k] for k in ("queue_system", "effect_kind", "stale_claim_policy")})]
+    assert kit.name == "order_confirmation"
+
