@@ -1,0 +1,152 @@
+"""Regenerating a kit after the client changes the policy or the lease keeps the user's edits.
+
+For each queue system with a kit, and each change between two of the four policies (plus one change of
+the lease), under copier (`copier update`) and under cookiecutter (cruft's update): generate, commit, edit
+the effect file as a user would, regenerate with the new answer, then check that POLICY.md and the suite's
+table state the new expectations, the edit is still there, and the suite passes in embedded mode.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import shutil
+from pathlib import Path
+from typing import Any
+
+import copier
+import cruft
+import pytest
+
+from matrix import ROOT, answers, expected, facts
+from test_kits import LANGUAGES, SUITES
+
+EFFECT_KIND = "external_with_reference"  # the one kind every policy allows
+POLICY_CHANGES = [
+    ({"stale_claim_policy": before}, {"stale_claim_policy": after})
+    for before, after in itertools.combinations(facts().policies, 2)
+]
+LEASE_CHANGE = ({"lease_seconds": 600}, {"lease_seconds": 900})
+CHANGES = [*POLICY_CHANGES, LEASE_CHANGE]
+# Where the user edits the effect, and the suite's seven-row table, per language.
+EFFECT_FILE = {"python": "src/{slug}/effect.py", "ruby": "lib/{slug}/effect.rb"}
+SUITE_TABLE = {"python": "tests/test_replay.py", "ruby": "spec/replay_spec.rb"}
+USER_EDIT = "# Edited by the client's team: the provider wants a sender name. Keep this line.\n"
+
+
+def change_id(change: tuple[dict[str, Any], dict[str, Any]]) -> str:
+    before, after = change
+    return "-".join(f"{name}={before[name]}..{after[name]}" for name in after)
+
+
+def git(kit: Path, *args: str) -> str:
+    result = subprocess.run(["git", *args], cwd=kit, capture_output=True, text=True, check=True, timeout=60)
+    return result.stdout
+
+
+def commit_all(kit: Path, message: str) -> None:
+    git(kit, "add", "-A")
+    git(kit, "-c", "user.name=client", "-c", "user.email=client@example.com", "commit", "-qm", message)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The template as it stands, committed in a repository of its own.
+
+    Both tools record the template's commit and regenerate the old kit from it, so a working tree with
+    changes not yet committed (a developer's) must become a real commit first.
+    """
+    snapshot = tmp_path_factory.mktemp("template")
+    listed = git(ROOT, "ls-files", "--cached", "--others", "--exclude-standard", "-z").split("\0")
+    for name in filter(None, listed):
+        source, target = ROOT / name, snapshot / name
+        if source.exists() or source.is_symlink():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target, follow_symlinks=False)
+    git(snapshot, "init", "-q")
+    commit_all(snapshot, "template snapshot")
+    return snapshot
+
+
+def generate(tool: str, template: Path, where: Path, given: dict[str, Any]) -> Path:
+    if tool == "copier":
+        copier.run_copy(str(template), where, data=given, defaults=True, quiet=True)
+        return where
+    return cruft.create(str(template), output_dir=where, extra_context=given, no_input=True)
+
+
+def regenerate(tool: str, kit: Path, new: dict[str, Any]) -> None:
+    """The command each kit's README gives, with the changed answer and nothing else."""
+    if tool == "copier":
+        command = [sys.executable, "-m", "copier", "update", "--defaults", "--quiet", "--vcs-ref=:current:",
+                   *(arg for name, value in new.items() for arg in ("-d", f"{name}={value}"))]
+    else:
+        command = [sys.executable, "-m", "cruft", "update", "-y", "--variables-to-update", json.dumps(new)]
+    result = subprocess.run(command, cwd=kit, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def table_line(table: str, attempt: str) -> str:
+    return next(line for line in table.splitlines() if f'"{attempt}"' in line)
+
+
+@pytest.mark.parametrize("tool", ["copier", "cruft"])
+@pytest.mark.parametrize("change", CHANGES, ids=change_id)
+@pytest.mark.parametrize("queue_system", sorted(LANGUAGES))
+def test_regenerate_after_a_change_keeps_the_users_edit(
+    template: Path, tmp_path: Path, queue_system: str, change: tuple[dict[str, Any], dict[str, Any]], tool: str
+) -> None:
+    before, after = change
+    language = LANGUAGES[queue_system]
+    first = answers(queue_system=queue_system, effect_kind=EFFECT_KIND, **before)
+    kit = generate(tool, template, tmp_path / "kit", first)
+    git(kit, "init", "-q")
+    commit_all(kit, "kit as generated")
+    effect = kit / EFFECT_FILE[language].format(slug=first["project_slug"])
+    effect.write_text(USER_EDIT + effect.read_text())
+    commit_all(kit, "the client's edit")
+
+    regenerate(tool, kit, after)
+
+    now = {**first, **after}
+    assert effect.read_text().startswith(USER_EDIT), "the user's edit was lost"
+    assert not list(kit.rglob("*.rej")), "a conflict where none was expected"
+    policy_md = (kit / "POLICY.md").read_text()
+    chosen = facts().policies[now["stale_claim_policy"]]
+    assert f"## The policy for a stale claim: {chosen['title']} (`{now['stale_claim_policy']}`)" in policy_md
+    assert f"**Lease: {now['lease_seconds']} seconds.**" in policy_md
+    table = (kit / SUITE_TABLE[language]).read_text()
+    for row in expected(EFFECT_KIND, now["stale_claim_policy"]):
+        line = table_line(table, row["attempt"])
+        assert f'"{row["record"]}"' in line and str(row["emails"]) in line, line
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL")}
+    result = subprocess.run(SUITES[language], cwd=kit, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    report = json.loads((kit / "replay-report.json").read_text())
+    assert report["stale_claim_policy"] == now["stale_claim_policy"]
+    assert all(row["passed"] for row in report["rows"])
+
+
+@pytest.mark.parametrize("tool", ["copier", "cruft"])
+def test_a_conflict_is_shown_not_resolved_against_the_user(template: Path, tmp_path: Path, tool: str) -> None:
+    """The user rewrote the line the new policy changes: the tool must show the conflict its usual way."""
+    first = answers(effect_kind=EFFECT_KIND, stale_claim_policy="hold")
+    kit = generate(tool, template, tmp_path / "kit", first)
+    git(kit, "init", "-q")
+    commit_all(kit, "kit as generated")
+    policy_md = kit / "POLICY.md"
+    heading = "## The policy for a stale claim: Hold for a person (`hold`)"
+    policy_md.write_text(policy_md.read_text().replace(heading, "## Our policy: we hold, then call the client"))
+    commit_all(kit, "the client's wording")
+
+    regenerate(tool, kit, {"stale_claim_policy": "resend"})
+
+    # both tools merge with git here and leave inline markers, with both sides kept
+    text = policy_md.read_text()
+    assert "<<<<<<<" in text and ">>>>>>>" in text
+    assert "## Our policy: we hold, then call the client" in text
+    assert "Accept a rare duplicate (`resend`)" in text
