@@ -1,8 +1,11 @@
 """Stops cookiecutter with one line when an answer breaks a rule of templates/replay_matrix.jinja."""
 
+import json
 import sys
 
-problem = {{ first_problem(cookiecutter) | tojson }}
+# Rendered by cookiecutter before it runs; tojson escapes every quote (single quotes too, which
+# the raw string needs: an empty message renders as ""), so the message arrives intact.
+problem = json.loads(r'''{{ first_problem(cookiecutter) | tojson }}''')  # fmt: skip
 
 if problem:
     # cookiecutter logs its own traceback after a failed hook: our line comes first and stands alone.

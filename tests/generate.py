@@ -11,7 +11,6 @@ from typing import Any
 import copier
 from cookiecutter.exceptions import CookiecutterException
 from cookiecutter.main import cookiecutter
-
 from matrix import ROOT
 
 COPIER_ANSWERS = ".copier-answers.yml"
@@ -30,9 +29,7 @@ def with_cookiecutter(output_dir: Path, answers: dict[str, Any]) -> Path:
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            folder = cookiecutter(
-                str(ROOT), no_input=True, output_dir=str(output_dir), extra_context=answers
-            )
+            folder = cookiecutter(str(ROOT), no_input=True, output_dir=str(output_dir), extra_context=answers)
     except (CookiecutterException, ValueError) as error:
         raise GenerationFailed(stderr.getvalue() + str(error)) from error
     return Path(folder)
@@ -43,9 +40,7 @@ def with_copier(destination: Path, answers: dict[str, Any]) -> Path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # copier warns that a dirty checkout is used as it is
         try:
-            copier.run_copy(
-                str(ROOT), destination, data=answers, defaults=True, quiet=True
-            )
+            copier.run_copy(str(ROOT), destination, data=answers, defaults=True, quiet=True)
         except ValueError as error:
             raise GenerationFailed(str(error)) from error
     return destination
@@ -53,8 +48,4 @@ def with_copier(destination: Path, answers: dict[str, Any]) -> Path:
 
 def tree(folder: Path) -> dict[str, bytes]:
     """Every file under folder, by relative path, with its bytes."""
-    return {
-        str(path.relative_to(folder)): path.read_bytes()
-        for path in sorted(folder.rglob("*"))
-        if path.is_file()
-    }
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}

@@ -56,13 +56,13 @@ def expected(effect_kind: str, stale_claim_policy: str) -> list[dict[str, Any]]:
 def combinations() -> list[dict[str, str]]:
     """Every combination of the choice answers, read from cookiecutter.json, split by the rules."""
     names = list(CHOICES)
-    every = [dict(zip(names, values)) for values in itertools.product(*CHOICES.values())]
+    every = [dict(zip(names, values, strict=True)) for values in itertools.product(*CHOICES.values())]
     return [combo for combo in every if not problem(answers(**combo))]
 
 
 def invalid_combinations() -> list[dict[str, str]]:
     names = list(CHOICES)
-    every = [dict(zip(names, values)) for values in itertools.product(*CHOICES.values())]
+    every = [dict(zip(names, values, strict=True)) for values in itertools.product(*CHOICES.values())]
     return [combo for combo in every if problem(answers(**combo))]
 
 

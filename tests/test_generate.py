@@ -6,11 +6,9 @@ import re
 import sqlite3
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
-
 from generate import COPIER_ANSWERS, tree, with_cookiecutter, with_copier
 from matrix import answers, combinations, combo_id, expected, facts
 
@@ -66,10 +64,17 @@ def test_policy_md_states_the_data(kits: dict[str, Path], combo: dict[str, str])
     policy = facts().policies[combo["stale_claim_policy"]]
     assert f"## The policy for a stale claim: {policy['title']}" in text
     for fact in (
-        f"Lease: {given['lease_seconds']} seconds", f"**{given['longest_run_seconds']} seconds**",
-        given["example_key"], given["other_example_key"], given["record_table"],
-        "UNIQUE (job_type, operation_key)", "## The uncertain case", "## Limits", "## Sign-off",
-        "A queue does not become exactly-once", "Duplicates that already exist are not cleaned up",
+        f"Lease: {given['lease_seconds']} seconds",
+        f"**{given['longest_run_seconds']} seconds**",
+        given["example_key"],
+        given["other_example_key"],
+        given["record_table"],
+        "UNIQUE (job_type, operation_key)",
+        "## The uncertain case",
+        "## Limits",
+        "## Sign-off",
+        "A queue does not become exactly-once",
+        "Duplicates that already exist are not cleaned up",
     ):
         assert fact in text, fact
     for name, other in facts().policies.items():
@@ -107,7 +112,9 @@ def test_schema_runs_on_postgresql(kits: dict[str, Path], effect_kind: str) -> N
     # all in one transaction that rolls back: the shared server keeps nothing
     result = subprocess.run(
         [*psql, "-c", "BEGIN", "-f", str(kit / "schema.sql"), "-c", claim, "-c", claim, "-c", "ROLLBACK"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("(1 row)") == 1 and result.stdout.count("(0 rows)") == 1, result.stdout
@@ -117,4 +124,3 @@ def test_default_answers_name_the_kit(kits: dict[str, Path]) -> None:
     defaults = answers()
     kit = kits[combo_id({k: defaults[k] for k in ("queue_system", "effect_kind", "stale_claim_policy")})]
     assert kit.name == "order_confirmation"
-

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from generate import with_cookiecutter
 from matrix import combinations, combo_id, expected
 
@@ -61,8 +60,10 @@ def _worker_number() -> int:
 
 def _psql(sql: str) -> None:
     subprocess.run(
-        ["psql", "-X", "-q", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-v", "ON_ERROR_STOP=1",
-         "-c", sql], check=True, capture_output=True, timeout=60,
+        ["psql", "-X", "-q", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-c", sql],
+        check=True,
+        capture_output=True,
+        timeout=60,
     )
 
 
@@ -90,7 +91,11 @@ def test_kit_suite_proves_the_policy(tmp_path: Path, combo: dict[str, str], mode
     started = time.monotonic()
     try:
         result = subprocess.run(
-            SUITES[LANGUAGES[combo["queue_system"]]], cwd=kit, env=env, capture_output=True, text=True,
+            SUITES[LANGUAGES[combo["queue_system"]]],
+            cwd=kit,
+            env=env,
+            capture_output=True,
+            text=True,
             timeout=900,
         )
     finally:
@@ -106,7 +111,7 @@ def test_kit_suite_proves_the_policy(tmp_path: Path, combo: dict[str, str], mode
     assert report["database"] == ("postgresql" if mode == "live" else "sqlite")
     rows = report["rows"]
     assert [row["case"] for row in rows] == [1, 2, 3, 4, 5, 6, 7]
-    for row, want in zip(rows, expected(combo["effect_kind"], combo["stale_claim_policy"])):
+    for row, want in zip(rows, expected(combo["effect_kind"], combo["stale_claim_policy"]), strict=True):
         assert row["attempt"] == want["attempt"]
         assert row["expected"] == {"emails": want["emails"], "record": want["record"]}, row
         assert row["observed"] == row["expected"], row

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from matrix import combinations, expected, facts
 
 # The specification's figures for cases 5 and 6 (spec/000_*.txt, GUIDE.md section 3), restated here on purpose:
@@ -25,7 +24,10 @@ def test_rows_1_to_4_are_the_same_for_every_policy(combo: dict[str, str]) -> Non
     rows = expected(combo["effect_kind"], combo["stale_claim_policy"])
     assert [row["case"] for row in rows] == [1, 2, 3, 4, 5, 6, 7]
     assert [(row["emails"], row["record"]) for row in rows[:4]] == [
-        (1, "completed"), (1, "completed"), (1, "completed"), (2, "completed, completed"),
+        (1, "completed"),
+        (1, "completed"),
+        (1, "completed"),
+        (2, "completed, completed"),
     ]
 
 
@@ -33,7 +35,9 @@ def test_same_database_leaves_no_claim_whatever_the_policy() -> None:
     for policy in ("hold", "resend", "skip"):
         rows = expected("same_database", policy)
         assert [(row["emails"], row["record"]) for row in rows[4:]] == [
-            (1, "none, then completed"), (1, "none, then completed"), (1, "completed"),
+            (1, "none, then completed"),
+            (1, "none, then completed"),
+            (1, "completed"),
         ]
 
 

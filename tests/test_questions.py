@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import yaml
-
 from matrix import CHOICES, DEFAULTS, QUESTIONS, ROOT, facts
 
 COPIER = yaml.safe_load((ROOT / "copier.yml").read_text())
@@ -36,11 +35,11 @@ def test_every_answer_has_a_prompt() -> None:
 
 def test_choices_are_the_data() -> None:
     data = facts()
-    assert CHOICES == {
+    assert {
         "queue_system": list(data.queue_systems),
         "effect_kind": list(data.effect_kinds),
         "stale_claim_policy": list(data.policies),
-    }
+    } == CHOICES
 
 
 def test_copier_mapping_passes_every_answer_to_the_kit() -> None:

@@ -11,16 +11,15 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
-import shutil
 from pathlib import Path
 from typing import Any
 
 import copier
 import cruft
 import pytest
-
 from matrix import ROOT, answers, expected, facts
 from test_kits import LANGUAGES, SUITES
 
@@ -81,8 +80,16 @@ def generate(tool: str, template: Path, where: Path, given: dict[str, Any]) -> P
 def regenerate(tool: str, kit: Path, new: dict[str, Any]) -> None:
     """The command each kit's README gives, with the changed answer and nothing else."""
     if tool == "copier":
-        command = [sys.executable, "-m", "copier", "update", "--defaults", "--quiet", "--vcs-ref=:current:",
-                   *(arg for name, value in new.items() for arg in ("-d", f"{name}={value}"))]
+        command = [
+            sys.executable,
+            "-m",
+            "copier",
+            "update",
+            "--defaults",
+            "--quiet",
+            "--vcs-ref=:current:",
+            *(arg for name, value in new.items() for arg in ("-d", f"{name}={value}")),
+        ]
     else:
         command = [sys.executable, "-m", "cruft", "update", "-y", "--variables-to-update", json.dumps(new)]
     result = subprocess.run(command, cwd=kit, capture_output=True, text=True, timeout=300)

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from matrix import ROOT, answers, invalid_combinations, problem
 
 # (answer, bad value, what the message must say): each rule of replay_matrix.jinja at least once.
@@ -42,18 +41,38 @@ NOT_INTEGERS = [("lease_seconds", "ten minutes"), ("longest_run_seconds", "1.5")
 def cookiecutter_cli(tmp_path: Path, given: dict[str, str]) -> subprocess.CompletedProcess[str]:
     out = tmp_path / "out"
     return subprocess.run(
-        [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(out), str(ROOT),
-         *(f"{name}={value}" for name, value in given.items())],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "cookiecutter",
+            "--no-input",
+            "-o",
+            str(out),
+            str(ROOT),
+            *(f"{name}={value}" for name, value in given.items()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
 def copier_cli(tmp_path: Path, given: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "copier", "copy", "--defaults", "--quiet",
-         *(arg for name, value in given.items() for arg in ("-d", f"{name}={value}")),
-         str(ROOT), str(tmp_path / "kit")],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "copier",
+            "copy",
+            "--defaults",
+            "--quiet",
+            *(arg for name, value in given.items() for arg in ("-d", f"{name}={value}")),
+            str(ROOT),
+            str(tmp_path / "kit"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
