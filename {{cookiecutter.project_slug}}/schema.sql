@@ -12,6 +12,9 @@ CREATE TABLE {{ t }} (
     operation_key       VARCHAR(255) NOT NULL,
     -- sha256 of the message's payload: the same key with another payload is a conflict, not a duplicate
     payload_fingerprint VARCHAR(64)  NOT NULL,
+    -- the message's details as JSON, so that the sweeper can act as a redelivery would (resend, lookup)
+    -- when none comes; NULL where the job rebuilds them from the key
+    payload             TEXT,
     -- claimed: a run owns it | completed: done | held: waits for a person |
     -- abandoned: given up for good | released: a person allowed one more attempt
     status              VARCHAR(16)  NOT NULL DEFAULT 'claimed',
