@@ -19,13 +19,14 @@ from matrix import combinations
 def kit_requirements() -> list[str]:
     found: set[str] = set()
     with tempfile.TemporaryDirectory() as scratch:
-        for queue in sorted({combo["queue_system"] for combo in combinations()}):
-            pyproject = with_cookiecutter(Path(scratch) / queue, {"queue_system": queue}) / "pyproject.toml"
+        for number, combo in enumerate(combinations()):  # an effect kind may need what another does not
+            pyproject = with_cookiecutter(Path(scratch) / str(number), combo) / "pyproject.toml"
             if pyproject.exists():
                 project = tomllib.loads(pyproject.read_text())["project"]
                 found.update(project.get("dependencies", []))
                 for extra in project.get("optional-dependencies", {}).values():
-                    found.update(extra)
+                    # an extra may name the kit itself (kit[test]): that is the kit, not a dependency
+                    found.update(item for item in extra if not item.startswith(project["name"]))
     return sorted(found)
 
 
