@@ -26,7 +26,7 @@ from test_kits import LANGUAGES, SUITES
 EFFECT_KIND = "external_with_reference"  # the one kind every policy allows
 POLICY_CHANGES = [
     ({"stale_claim_policy": before}, {"stale_claim_policy": after})
-    for before, after in itertools.combinations(facts().policies, 2)
+    for before, after in itertools.permutations(facts().policies, 2)
 ]
 LEASE_CHANGE = ({"lease_seconds": 600}, {"lease_seconds": 900})
 CHANGES = [*POLICY_CHANGES, LEASE_CHANGE]
