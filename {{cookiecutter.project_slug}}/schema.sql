@@ -1,4 +1,4 @@
-{%- from "replay_matrix.jinja" import kind with context -%}
+{%- from "replay_matrix.jinja" import kind, max_key_length with context -%}
 {%- set t = cookiecutter.record_table -%}
 -- The record of handled operations for {{ cookiecutter.job_type }}: one row per operation key that a run has
 -- claimed. Runs as it is on PostgreSQL and on SQLite; the migration in db/migrate/ matches it.
@@ -9,7 +9,7 @@
 -- fraction of days), so that "older than the lease" is decided by one clock, never a worker's.
 CREATE TABLE {{ t }} (
     job_type            VARCHAR(100) NOT NULL,
-    operation_key       VARCHAR(255) NOT NULL,
+    operation_key       VARCHAR({{ max_key_length }}) NOT NULL,
     -- sha256 of the message's payload: the same key with another payload is a conflict, not a duplicate
     payload_fingerprint VARCHAR(64)  NOT NULL,
     -- the message's details as JSON, so that the sweeper can act as a redelivery would (resend, lookup)
@@ -39,7 +39,7 @@ CREATE INDEX {{ t }}_by_status ON {{ t }} (status, claimed_at);
 -- The effect itself: a row written in the claim's own transaction. No unique key on purpose: the replay
 -- suite counts these rows, so a second effect would show rather than fail.
 CREATE TABLE {{ cookiecutter.job_type }}_effects (
-    operation_key       VARCHAR(255) NOT NULL,
+    operation_key       VARCHAR({{ max_key_length }}) NOT NULL,
     payload             TEXT         NOT NULL,
     performed_at        TIMESTAMP WITH TIME ZONE NOT NULL
 );
