@@ -1,11 +1,14 @@
 """The harness: for every combination whose queue system has a kit, run the kit's own suite, embedded and live,
-then read the replay-report.json it wrote and hold it to the data. Also run each kit's own linters.
+then read the replay-report.json it wrote and hold it to the data; a Sidekiq kit runs on every Ruby stack
+of ruby_stacks.py. Also run each kit's own linters.
 
 A queue system without a kit yet contributes no test here; once its kit exists, every combination runs.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -16,8 +19,10 @@ import time
 from pathlib import Path
 
 import pytest
+import ruby_stacks
 from generate import with_cookiecutter
 from matrix import combinations, combo_id, expected
+from services import postgres_database, redis_database
 
 # How each language's kit runs its suite and its linters, from the kit's root.
 SUITES = {
@@ -28,8 +33,8 @@ LINTERS = {
     "python": [[sys.executable, "-m", "ruff", "check", "."], [sys.executable, "-m", "ruff", "format", "--check", "."]],
     "ruby": [["rubocop", "--no-server", "--cache", "false"]],
 }
-POSTGRES = "postgresql://postgres@127.0.0.1:5432"
-REDIS = "redis://127.0.0.1:6379"
+# In CI nothing may skip: a Ruby stack that is not built fails its tests.
+CI = os.environ.get("CI") == "true"
 
 
 def kit_language(kit: Path) -> str | None:
@@ -54,57 +59,39 @@ LANGUAGES = _languages()
 WITH_KIT = [combo for combo in combinations() if combo["queue_system"] in LANGUAGES]
 
 
-def _worker_number() -> int:
-    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+def suite_runs() -> list[pytest.param]:
+    """Every combination with a kit, in both modes; a Ruby kit on every Ruby stack."""
+    return [
+        pytest.param(combo, mode, stack, id=f"{combo_id(combo)}-{mode}" + (f"-{stack}" if stack else ""))
+        for combo in WITH_KIT
+        for mode in ("embedded", "live")
+        for stack in (ruby_stacks.STACKS if LANGUAGES[combo["queue_system"]] == "ruby" else [None])
+    ]
 
 
-def _psql(sql: str) -> None:
-    subprocess.run(
-        ["psql", "-X", "-q", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-c", sql],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+def require_stack(stack: str) -> None:
+    """A Ruby stack that is not built skips its tests, and fails them in CI."""
+    why = ruby_stacks.missing(stack)
+    if why:
+        (pytest.fail if CI else pytest.skip)(why)
 
 
-def live_services(name: str) -> dict[str, str]:
-    """A fresh PostgreSQL database and a Redis database of this xdist worker's own, for one live run."""
-    _psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    _psql(f"CREATE DATABASE {name}")
-    redis_db = 10 + _worker_number()
-    subprocess.run(["redis-cli", "-n", str(redis_db), "FLUSHDB"], check=True, capture_output=True, timeout=30)
-    return {
-        "DATABASE_URL": f"{POSTGRES}/{name}",
-        "CELERY_BROKER_URL": f"{REDIS}/{redis_db}",
-        "REDIS_URL": f"{REDIS}/{redis_db}",
-    }
+def run_suite(kit: Path, language: str, stack: str | None, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The kit's own suite, on the stack (a Ruby stack) or with this interpreter."""
+    argv = SUITES[language]
+    if stack:
+        require_stack(stack)
+        argv = ruby_stacks.command(stack, argv, kit, env)
+    return subprocess.run(argv, cwd=kit, env=env, capture_output=True, text=True, timeout=900)
 
 
-@pytest.mark.parametrize("mode", ["embedded", "live"])
-@pytest.mark.parametrize("combo", WITH_KIT, ids=combo_id)
-def test_kit_suite_proves_the_policy(tmp_path: Path, combo: dict[str, str], mode: str) -> None:
-    kit = with_cookiecutter(tmp_path, combo)
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL")}
-    database = f"rm_kit_{combo_id(combo).replace('-', '_')}"
-    if mode == "live":
-        env |= live_services(database)
-    started = time.monotonic()
-    try:
-        result = subprocess.run(
-            SUITES[LANGUAGES[combo["queue_system"]]],
-            cwd=kit,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-    finally:
-        if mode == "live":
-            _psql(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
-    seconds = time.monotonic() - started
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
-    print(f"{combo_id(combo)} {mode}: suite passed in {seconds:.1f} s")
+def run_name(request: pytest.FixtureRequest) -> str:
+    """A short name for this test that no other test of the run shares, for what it creates."""
+    return hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:12]
 
+
+def assert_report(kit: Path, combo: dict[str, str], mode: str) -> None:
+    """replay-report.json says that every one of the seven rows was observed as the data expects."""
     report = json.loads((kit / "replay-report.json").read_text())
     assert {k: report[k] for k in ("queue_system", "effect_kind", "stale_claim_policy")} == combo
     assert report["mode"] == mode
@@ -116,6 +103,25 @@ def test_kit_suite_proves_the_policy(tmp_path: Path, combo: dict[str, str], mode
         assert row["expected"] == {"emails": want["emails"], "record": want["record"]}, row
         assert row["observed"] == row["expected"], row
         assert row["passed"] is True, row
+
+
+@pytest.mark.parametrize(("combo", "mode", "stack"), suite_runs())
+def test_kit_suite_proves_the_policy(
+    request: pytest.FixtureRequest, tmp_path: Path, combo: dict[str, str], mode: str, stack: str | None
+) -> None:
+    kit = with_cookiecutter(tmp_path, combo)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL")}
+    with contextlib.ExitStack() as services:
+        if mode == "live":
+            database = services.enter_context(postgres_database(run_name(request)))
+            broker = services.enter_context(redis_database())
+            env |= {"DATABASE_URL": database, "CELERY_BROKER_URL": broker, "REDIS_URL": broker}
+        started = time.monotonic()
+        result = run_suite(kit, LANGUAGES[combo["queue_system"]], stack, env)
+    seconds = time.monotonic() - started
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
+    print(f"{combo_id(combo)} {mode} {stack or ''}: suite passed in {seconds:.1f} s")
+    assert_report(kit, combo, mode)
 
 
 @pytest.mark.parametrize("combo", WITH_KIT, ids=combo_id)

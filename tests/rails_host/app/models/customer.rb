@@ -1,0 +1,4 @@
+# frozen_string_literal: true
+
+class Customer < ApplicationRecord
+end

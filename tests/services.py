@@ -1,0 +1,69 @@
+"""The live services a test run uses, safe on a machine that other runs share.
+
+Addresses come from the environment (REPLAY_POSTGRES_URL, REPLAY_REDIS_URL; defaults: this machine's own).
+Every PostgreSQL database a run creates is named by the run's id and dropped at the end; a Redis database is
+leased for one test (a lease key in Redis database 0, taken only while that database is empty), flushed
+after it, and given back. Nothing this run did not create is dropped or flushed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+
+POSTGRES = os.environ.get("REPLAY_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432").rstrip("/")
+REDIS = os.environ.get("REPLAY_REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
+# One id per test run, shared by its xdist workers, in every name the run creates.
+RUN_ID = os.environ.get("PYTEST_XDIST_TESTRUNUID", uuid.uuid4().hex)[:8]
+LEASE_SECONDS = 3600  # a run killed before it gives its lease back frees the database after this
+
+
+def psql(sql: str, database: str = "postgres") -> str:
+    result = subprocess.run(
+        ["psql", "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-d", f"{POSTGRES}/{database}", "-c", sql],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return result.stdout
+
+
+def redis(database: int, *args: str) -> str:
+    result = subprocess.run(
+        ["redis-cli", "-u", f"{REDIS}/{database}", *args], check=True, capture_output=True, text=True, timeout=30
+    )
+    return result.stdout.strip()
+
+
+@contextlib.contextmanager
+def postgres_database(purpose: str) -> Iterator[str]:
+    """The URL of a new database named for this run and purpose, dropped afterwards."""
+    name = f"rm_{RUN_ID}_{purpose}"[:63]
+    psql(f"CREATE DATABASE {name}")
+    try:
+        yield f"{POSTGRES}/{name}"
+    finally:
+        psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@contextlib.contextmanager
+def redis_database() -> Iterator[str]:
+    """The URL of an empty Redis database leased to this test, flushed and given back afterwards."""
+    for number in range(1, 16):
+        lease = f"replay-matrix:lease:{number}"
+        if redis(0, "SET", lease, RUN_ID, "NX", "EX", str(LEASE_SECONDS)) != "OK":
+            continue
+        if redis(number, "DBSIZE") != "0":  # someone else's data, not ours to flush
+            redis(0, "DEL", lease)
+            continue
+        try:
+            yield f"{REDIS}/{number}"
+        finally:
+            redis(number, "FLUSHDB")
+            redis(0, "DEL", lease)
+        return
+    raise RuntimeError(f"no empty Redis database at {REDIS} could be leased (1 to 15 are in use)")

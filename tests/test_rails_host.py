@@ -1,0 +1,87 @@
+"""A Sidekiq kit dropped into an existing Rails app, on every Ruby stack.
+
+The app (tests/rails_host) has its own connection to PostgreSQL, its own table, model and migration. The
+kit is installed the way its README says (`bin/rails runner <kit>/install_into_rails.rb`), migrated with the
+app's own `bin/rails db:migrate`, and its replay suite then runs inside the app (REPLAY_HOST_APP), on real
+sidekiq processes that boot the app. Afterwards the app's data and connection are as they were.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import ruby_stacks
+from generate import with_cookiecutter
+from services import postgres_database, psql, redis_database
+from test_kits import assert_report, require_stack, run_name
+
+HOST = Path(__file__).parent / "rails_host"
+COMBO = {"queue_system": "sidekiq", "effect_kind": "external_no_reference", "stale_claim_policy": "hold"}
+
+
+def run(stack: str, argv: list[str], cwd: Path, env: dict[str, str]) -> str:
+    result = subprocess.run(
+        ruby_stacks.command(stack, argv, cwd, env), cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, " ".join(argv) + "\n" + result.stdout[-6000:] + result.stderr[-4000:]
+    return result.stdout
+
+
+@pytest.mark.parametrize("stack", ruby_stacks.STACKS)
+def test_kit_inside_an_existing_rails_app(request: pytest.FixtureRequest, tmp_path: Path, stack: str) -> None:
+    require_stack(stack)
+    app = tmp_path / "host_app"
+    shutil.copytree(HOST, app)
+    kit = with_cookiecutter(tmp_path / "kits", COMBO)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "REPLAY_HOST_APP")}
+    with postgres_database(run_name(request)) as database, redis_database() as redis:
+        env |= {"DATABASE_URL": database}
+        name = database.rsplit("/", 1)[1]
+
+        # The app as it was: its own migration, its own row.
+        run(stack, ["bin/rails", "db:migrate"], app, env)
+        run(stack, ["bin/rails", "runner", 'Customer.create!(name: "Ada")'], app, env)
+
+        installed = run(stack, ["bin/rails", "runner", str(kit / "install_into_rails.rb")], app, env)
+        migration = next((app / "db/migrate").glob("*_create_handled_operations.rb"))
+        version = run(stack, ["bin/rails", "runner", "puts ActiveRecord::Migration.current_version"], app, env)
+        assert re.fullmatch(r"20\d{12}_create_handled_operations\.rb", migration.name)
+        assert f"ActiveRecord::Migration[{version.strip()}]" in migration.read_text()
+        assert (app / "app/sidekiq/order_confirmation/send_confirmation_job.rb").exists()
+        assert "wrote lib/tasks/order_confirmation.rake" in installed
+
+        # The app's own db:migrate applies the kit's migration beside the app's; the autoloader takes every file.
+        run(stack, ["bin/rails", "db:migrate"], app, env)
+        applied = psql("SELECT version FROM schema_migrations ORDER BY version", database=name).split()
+        assert applied == ["20240101000000", migration.name[:14]]
+        assert run(stack, ["bin/rails", "zeitwerk:check"], app, env).rstrip().endswith("All is good!")
+        tasks = run(stack, ["bin/rails", "-T", "order_confirmation"], app, env)
+        assert {"order_confirmation:enqueue", "order_confirmation:sweep", "order_confirmation:held:list"} <= set(
+            re.findall(r"order_confirmation:[\w:]+", tasks)
+        )
+
+        # The seven cases, inside the app, on its connection and real sidekiq processes.
+        suite_env = env | {"REDIS_URL": redis, "REPLAY_HOST_APP": str(app)}
+        result = subprocess.run(
+            ruby_stacks.command(stack, ["rspec"], kit, suite_env),
+            cwd=kit,
+            env=suite_env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
+        assert_report(kit, COMBO, "live")
+
+        # The app's connection and data are as they were; the kit's records live in the app's database.
+        probe = (
+            "puts ActiveRecord::Base.connection_db_config.database;"
+            "puts OrderConfirmation.connection_pool.equal?(ActiveRecord::Base.connection_pool);"
+            "puts Customer.pluck(:name).inspect"
+        )
+        assert run(stack, ["bin/rails", "runner", probe], app, env).split() == [name, "true", '["Ada"]']
