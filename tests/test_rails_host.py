@@ -1,8 +1,8 @@
 """A Sidekiq kit dropped into an existing Rails app, on every Ruby stack.
 
 The app (tests/rails_host) has its own connection to PostgreSQL, its own table, model and migration. The
-kit is installed the way its README says (`bin/rails runner <kit>/install_into_rails.rb`), migrated with the
-app's own `bin/rails db:migrate`, and its replay suite then runs inside the app (REPLAY_HOST_APP), on real
+kit, beside the app, is installed and migrated with the `bin/rails` commands of its README (the app's own
+`db:migrate`), and its replay suite then runs inside the app (REPLAY_HOST_APP), on real
 sidekiq processes that boot the app. Afterwards the app's data and connection are as they were.
 """
 
@@ -37,7 +37,9 @@ def test_kit_inside_an_existing_rails_app(request: pytest.FixtureRequest, tmp_pa
     require_stack(stack)
     app = tmp_path / "host_app"
     shutil.copytree(HOST, app)
-    kit = with_cookiecutter(tmp_path / "kits", COMBO)
+    kit = with_cookiecutter(tmp_path, COMBO)  # beside the app, as the kit's README has it
+    readme = (kit / "README.md").read_text().splitlines()
+    install, migrate = [line.split() for line in readme if line.startswith("    bin/rails ")]
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "REPLAY_HOST_APP")}
     with postgres_database(run_name(request)) as database, redis_database() as redis:
         env |= {"DATABASE_URL": database}
@@ -47,7 +49,7 @@ def test_kit_inside_an_existing_rails_app(request: pytest.FixtureRequest, tmp_pa
         run(stack, ["bin/rails", "db:migrate"], app, env)
         run(stack, ["bin/rails", "runner", 'Customer.create!(name: "Ada")'], app, env)
 
-        installed = run(stack, ["bin/rails", "runner", str(kit / "install_into_rails.rb")], app, env)
+        installed = run(stack, install, app, env)
         migration = next((app / "db/migrate").glob("*_create_handled_operations.rb"))
         version = run(stack, ["bin/rails", "runner", "puts ActiveRecord::Migration.current_version"], app, env)
         assert re.fullmatch(r"20\d{12}_create_handled_operations\.rb", migration.name)
@@ -56,7 +58,7 @@ def test_kit_inside_an_existing_rails_app(request: pytest.FixtureRequest, tmp_pa
         assert "wrote lib/tasks/order_confirmation.rake" in installed
 
         # The app's own db:migrate applies the kit's migration beside the app's; the autoloader takes every file.
-        run(stack, ["bin/rails", "db:migrate"], app, env)
+        run(stack, migrate, app, env)
         applied = psql("SELECT version FROM schema_migrations ORDER BY version", database=name).split()
         assert applied == ["20240101000000", migration.name[:14]]
         assert run(stack, ["bin/rails", "zeitwerk:check"], app, env).rstrip().endswith("All is good!")

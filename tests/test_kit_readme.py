@@ -1,0 +1,116 @@
+"""The Sidekiq kit's README, run as written: every command in its code blocks, in the order a user meets them,
+against PostgreSQL, Redis, a real sidekiq process and an SMTP sink that counts what arrives.
+
+(`bin/rails ...` lines run in tests/test_rails_host.py. `bundle install` finds the gems already on the machine:
+the test first runs `bundle install --local`, since RubyGems is not reachable here.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from aiosmtpd.controller import Controller
+from generate import with_cookiecutter
+from services import postgres_database, psql, redis_database
+from test_kits import run_name
+
+COMBO = {"queue_system": "sidekiq", "effect_kind": "external_no_reference", "stale_claim_policy": "hold"}
+KEY = "ORD-1001"
+
+
+class Mailbox:
+    """An SMTP sink: the emails that arrived."""
+
+    def __init__(self) -> None:
+        self.received: list[bytes] = []
+
+    async def handle_DATA(self, server: object, session: object, envelope: object) -> str:
+        self.received.append(envelope.content)  # type: ignore[attr-defined]
+        return "250 OK"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def readme_commands(kit: Path) -> list[str]:
+    """The lines of the README's code blocks that a user of the kit on its own runs."""
+    lines = (kit / "README.md").read_text().splitlines()
+    return [line.strip() for line in lines if line.startswith("    bundle ")]
+
+
+def until(what: str, check: object, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.1)
+
+
+def test_sidekiq_readme_commands_run_as_written(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    kit = with_cookiecutter(tmp_path, COMBO)
+    commands = readme_commands(kit)
+    install, migrate, worker, enqueue, held_list, resolve_done, resolve_again, suite = commands
+    mailbox = Mailbox()
+    smtp = Controller(mailbox, hostname="127.0.0.1", port=free_port())
+    smtp.start()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    with postgres_database(run_name(request)) as database, redis_database() as redis:
+        env |= {"DATABASE_URL": database, "REDIS_URL": redis, "SMTP_HOST": "127.0.0.1", "SMTP_PORT": str(smtp.port)}
+        table = database.rsplit("/", 1)[1]
+
+        def run(command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+            result = subprocess.run(command, shell=True, cwd=kit, env=env, capture_output=True, text=True, timeout=300)
+            assert result.returncode == 0 or not check, f"{command}\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+            return result
+
+        def status() -> str:
+            return psql(f"SELECT status FROM handled_operations WHERE operation_key = '{KEY}'", database=table).strip()
+
+        def held_after_the_lease() -> None:
+            """As a worker killed mid-job leaves it, once the lease has passed and the sweeper has run."""
+            psql(
+                "UPDATE handled_operations SET status = 'claimed', claimed_at = claimed_at - interval '601 seconds'",
+                database=table,
+            )
+            assert "1 stale claim(s)" in run("bundle exec rake order_confirmation:sweep").stdout
+            assert status() == "held"
+
+        run("bundle install --local")
+        run(install)
+        run(migrate)
+        sidekiq = subprocess.Popen(worker, shell=True, cwd=kit, env=env, start_new_session=True)
+        try:
+            assert f"enqueued send_confirmation {KEY}" in run(enqueue).stdout
+            until(
+                "the email arrived and the claim completed",
+                lambda: len(mailbox.received) == 1 and status() == "completed",
+            )
+
+            held_after_the_lease()
+            assert KEY in run(held_list).stdout
+            missing = run("bundle exec rake order_confirmation:held:resolve DONE=yes", check=False)
+            assert missing.returncode != 0 and "KEY is missing: pass the order_reference" in missing.stderr
+            run(resolve_done)
+            assert (status(), len(mailbox.received)) == ("completed", 1)
+
+            held_after_the_lease()
+            run(resolve_again)
+            until(
+                "the released operation was sent again", lambda: len(mailbox.received) == 2 and status() == "completed"
+            )
+        finally:
+            os.killpg(sidekiq.pid, signal.SIGTERM)
+            sidekiq.wait(timeout=30)
+            smtp.stop()
+
+    embedded = {k: v for k, v in env.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    result = subprocess.run(suite, shell=True, cwd=kit, env=embedded, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-4000:]
