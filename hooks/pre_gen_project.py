@@ -1,4 +1,8 @@
-"""Stops cookiecutter with one line when an answer breaks a rule of templates/replay_matrix.jinja."""
+"""Stops cookiecutter with one line when an answer breaks a rule of templates/replay_matrix.jinja.
+
+local_extensions.py normally refuses such answers first, before the kit's folder is made and without the
+traceback cookiecutter prints after a failed hook; this hook is the guard for a caller it does not recognise.
+"""
 
 import json
 import sys

@@ -36,10 +36,12 @@ def facts() -> Any:
 
 
 def answers(**overrides: Any) -> dict[str, Any]:
-    """A full set of answers: the defaults, project_slug derived as the template derives it."""
+    """A full set of answers: the defaults, project_slug and lease_seconds derived as the template derives them."""
     given = {**DEFAULTS, **overrides}
     if "project_slug" not in overrides:
         given["project_slug"] = str(facts().slug(given["project_name"]))
+    if "lease_seconds" not in overrides:
+        given["lease_seconds"] = int(str(facts().lease_default(given["longest_run_seconds"])))
     return given
 
 

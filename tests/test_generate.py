@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import configparser
 import re
+import shlex
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from generate import COPIER_ANSWERS, tree, with_cookiecutter, with_copier
-from matrix import answers, combinations, combo_id, expected, facts
+from matrix import ROOT, answers, combinations, combo_id, expected, facts, problem
 
 COMBINATIONS = combinations()
 # Jinja left in a kit, but not a GitHub Actions expression (${{ ... }}) nor a mention of cookiecutter.json
@@ -124,3 +127,63 @@ def test_default_answers_name_the_kit(kits: dict[str, Path]) -> None:
     defaults = answers()
     kit = kits[combo_id({k: defaults[k] for k in ("queue_system", "effect_kind", "stale_claim_policy")})]
     assert kit.name == "order_confirmation"
+
+
+README_GENERATE = (ROOT / "README.md").read_text().split("## Generate a kit", 1)[1].split("\n## ", 1)[0]
+
+
+def readme_generate_commands() -> list[str]:
+    """The README's `tox -e generate` commands, as written in its section on generating a kit."""
+    return [command.strip() for command in re.findall(r"([^`\n]*tox -e generate[^`\n]*)", README_GENERATE)]
+
+
+def run_generate(readme_command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Runs what tox runs for a README command: [testenv:generate]'s commands with the README's arguments."""
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(ROOT / "tox.ini")
+    (command,) = tox["testenv:generate"]["commands"].strip().splitlines()
+    posargs = shlex.split(readme_command.split("tox -e generate", 1)[1])
+    posargs = posargs[1:] if posargs[:1] == ["--"] else posargs
+    argv = shlex.split(command.replace("{posargs}", shlex.join(posargs)))
+    assert argv[:2] == ["python", "tests/generate_kit.py"], argv
+    # tox runs it from the template's root; here from an empty folder, so build/ is this test's own
+    argv = [sys.executable, str(ROOT / argv[1]), *argv[2:]]
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_the_readme_generate_commands_write_a_fresh_kit_and_say_where(tmp_path: Path) -> None:
+    commands = readme_generate_commands()
+    plain, with_answers = commands
+    assert plain == ".venv/bin/tox -e generate" and "queue_system=sidekiq" in with_answers
+    # the install line works where the system Python is externally managed (no bare `pip install`)
+    assert "\n    python3 -m venv .venv && .venv/bin/pip install tox" in README_GENERATE
+
+    first = run_generate(plain, tmp_path)
+    kit = tmp_path / "build" / "order_confirmation"
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip().splitlines()[-1] == f"kit written to {kit}"
+    assert (kit / "src" / "order_confirmation" / "celery_app.py").exists()
+
+    # different answers into the same folder: refused, the first kit untouched, nothing mixed in
+    before = tree(kit)
+    second = run_generate(with_answers, tmp_path)
+    assert second.returncode == 1
+    assert second.stderr.strip() == (
+        f"{kit.relative_to(tmp_path)} already holds a kit from an earlier run; nothing was written."
+        " Remove it, or add --replace (tox -e generate -- --replace ...)"
+    )
+    assert tree(kit) == before
+    assert sorted(p.name for p in (tmp_path / "build").iterdir()) == ["order_confirmation"]
+
+    replaced = run_generate(with_answers.replace("-- ", "-- --replace "), tmp_path)
+    assert replaced.returncode == 0, replaced.stderr
+    assert replaced.stdout.strip().splitlines()[-1] == f"kit written to {kit}"
+    assert not (kit / "src").exists() and (kit / "lib" / "order_confirmation.rb").exists()  # a Sidekiq kit only
+    assert "Accept a rare duplicate (`resend`)" in (kit / "POLICY.md").read_text()
+
+
+def test_generate_refuses_a_bad_answer_with_our_line(tmp_path: Path) -> None:
+    result = run_generate("tox -e generate -- lease_seconds=5", tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"replay-matrix: {problem(answers(lease_seconds=5))}"
+    assert not any((tmp_path / "build").iterdir())

@@ -11,12 +11,14 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import cookiecutter.main
 import copier
 import cruft
 import pytest
@@ -175,3 +177,30 @@ def test_a_conflict_is_shown_not_resolved_against_the_user(template: Path, tmp_p
     assert "<<<<<<<" in text and ">>>>>>>" in text
     assert "## Our policy: we hold, then call the client" in text
     assert "Accept a rare duplicate (`resend`)" in text
+
+
+def test_a_plain_cookiecutter_kit_linked_as_the_readme_says_updates_cleanly(template: Path, tmp_path: Path) -> None:
+    """`cruft link` with the kit's own answers (the README's command), then `cruft update`: no .rej files."""
+    readme = (ROOT / "README.md").read_text()
+    link = next(line.strip() for line in readme.splitlines() if line.strip().startswith("cruft link <template> "))
+    given = json.loads(link.split("--extra-context", 1)[1].strip().strip("'"))
+    assert given == {"queue_system": "sqs", "stale_claim_policy": "skip"}  # not the defaults: celery, hold
+    kit = Path(
+        cookiecutter.main.cookiecutter(str(template), no_input=True, output_dir=str(tmp_path), extra_context=given)
+    )
+    git(kit, "init", "-q")
+    commit_all(kit, "kit made by plain cookiecutter")
+
+    command = shlex.split(link.replace("<template>", str(template)))
+    result = subprocess.run([sys.executable, "-m", "cruft", *command[1:]], cwd=kit, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    recorded = json.loads((kit / ".cruft.json").read_text())["context"]["cookiecutter"]
+    assert {name: recorded[name] for name in given} == given
+    commit_all(kit, "linked")
+
+    regenerate("cruft", kit, {"stale_claim_policy": "resend"})
+
+    assert not list(kit.rglob("*.rej")), "cruft update met a kit other than the one it recorded"
+    assert not git(kit, "status", "--porcelain", "--untracked-files=all").count(".rej")
+    assert "Accept a rare duplicate (`resend`)" in (kit / "POLICY.md").read_text()
+    assert (kit / "src" / "order_confirmation" / "consumer.py").exists()  # still the SQS kit
