@@ -37,6 +37,7 @@ def command(stack: str, argv: list[str], cwd: Path, env: dict[str, str]) -> list
     inner = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
     inner |= {name: env[name] for name in PASSED if name in env}
     mounts = f"mount -t proc proc {root}/proc && mount --rbind /dev {root}/dev && mount --rbind /tmp {root}/tmp"
-    run = shlex.join(["chroot", str(root), "/usr/bin/env", "-i", *(f"{k}={v}" for k, v in inner.items()), "sh", "-c",
-                      f"cd {shlex.quote(str(cwd))} && exec {shlex.join(argv)}"])  # fmt: skip
+    variables = [f"{name}={value}" for name, value in inner.items()]
+    in_cwd = f"cd {shlex.quote(str(cwd))} && exec {shlex.join(argv)}"
+    run = shlex.join(["chroot", str(root), "/usr/bin/env", "-i", *variables, "sh", "-c", in_cwd])
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", f"{mounts} && exec {run}"]

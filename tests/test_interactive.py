@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,14 +183,6 @@ def test_copier_derives_a_valid_slug_from_an_awkward_name(tmp_path: Path, name: 
     assert (given["project_name"], given["project_slug"]) == (name, slug)
 
 
-def test_copier_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
-    term = copier(tmp_path)
-    run_session(term, {"project_name": [ENTER], "project_slug": [ENTER], "job_type": [CTRL_C]}, answer_rest=False)
-    assert term.finish() != 0
-    assert "Execution stopped by user" in term.text()
-    assert not (tmp_path / "kit").exists()
-
-
 # ---------------------------------------------------------------------------------------- cookiecutter
 
 
@@ -248,9 +241,17 @@ def test_cookiecutter_derives_a_valid_slug_from_an_awkward_name(tmp_path: Path, 
     assert f"# Duplicate-handling policy: {name}\n" in (kit / "POLICY.md").read_text()
 
 
-def test_cookiecutter_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
-    term = cookiecutter(tmp_path)
+# ---------------------------------------------------------------------------------------- both tools
+
+
+@pytest.mark.parametrize(
+    ("start", "stopped", "output"),
+    [(copier, "Execution stopped by user", "kit"), (cookiecutter, "Aborted!", "out")],
+    ids=["copier", "cookiecutter"],
+)
+def test_ctrl_c_leaves_nothing(tmp_path: Path, start: Callable[[Path], Terminal], stopped: str, output: str) -> None:
+    term = start(tmp_path)
     run_session(term, {"project_name": [ENTER], "project_slug": [ENTER], "job_type": [CTRL_C]}, answer_rest=False)
     assert term.finish() != 0
-    assert "Aborted!" in term.text()
-    assert not (tmp_path / "out").exists()
+    assert stopped in term.text()
+    assert not (tmp_path / output).exists()

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -47,9 +48,9 @@ def readme_commands(kit: Path) -> list[str]:
     return [line.strip() for line in lines if line.startswith("    bundle ")]
 
 
-def until(what: str, check: object, seconds: float = 30) -> None:
+def until(what: str, check: Callable[[], bool], seconds: float = 30) -> None:
     deadline = time.monotonic() + seconds
-    while not check():  # type: ignore[operator]
+    while not check():
         assert time.monotonic() < deadline, f"timed out waiting until {what}"
         time.sleep(0.1)
 
