@@ -49,3 +49,11 @@ def with_copier(destination: Path, answers: dict[str, Any]) -> Path:
 def tree(folder: Path) -> dict[str, bytes]:
     """Every file under folder, by relative path, with its bytes."""
     return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def readme_commands(kit: Path, section: str) -> list[str]:
+    """The command lines of the code blocks under the kit README's heading `## <section>`, in order."""
+    lines = (kit / "README.md").read_text().splitlines()
+    start = lines.index(f"## {section}") + 1
+    end = next((n for n in range(start, len(lines)) if lines[n].startswith("## ")), len(lines))
+    return [line.strip() for line in lines[start:end] if line.startswith("    ")]

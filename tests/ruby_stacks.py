@@ -16,7 +16,7 @@ from pathlib import Path
 CURRENT_ROOT = Path(os.environ.get("REPLAY_CURRENT_RUBY_ROOT", "/var/cache/replay-matrix/trixie"))
 STACKS: dict[str, Path | None] = {"debian12": None, "debian13": CURRENT_ROOT}
 # What a command inside the root may see of this environment; everything else stays outside.
-PASSED = ("CI", "DATABASE_URL", "REDIS_URL", "REPLAY_HOST_APP", "KEEP_REPLAY_WORK_DIR")
+PASSED = ("CI", "DATABASE_URL", "REDIS_URL", "REPLAY_HOST_APP", "KEEP_REPLAY_WORK_DIR", "SMTP_HOST", "SMTP_PORT")
 
 
 def missing(stack: str) -> str | None:

@@ -3,16 +3,20 @@
 Addresses come from the environment (REPLAY_POSTGRES_URL, REPLAY_REDIS_URL; defaults: this machine's own).
 Every PostgreSQL database a run creates is named by the run's id and dropped at the end; a Redis database is
 leased for one test (a lease key in Redis database 0, taken only while that database is empty), flushed
-after it, and given back. Nothing this run did not create is dropped or flushed.
+after it, and given back. Nothing this run did not create is dropped or flushed. An SMTP sink counts the
+emails that arrive.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
+
+from aiosmtpd.controller import Controller
 
 POSTGRES = os.environ.get("REPLAY_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432").rstrip("/")
 REDIS = os.environ.get("REPLAY_REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
@@ -67,3 +71,29 @@ def redis_database() -> Iterator[str]:
             redis(0, "DEL", lease)
         return
     raise RuntimeError(f"no empty Redis database at {REDIS} could be leased (1 to 15 are in use)")
+
+
+class Mailbox:
+    """What an SMTP sink received: one entry per email."""
+
+    def __init__(self) -> None:
+        self.received: list[bytes] = []
+
+    async def handle_DATA(self, server: object, session: object, envelope: object) -> str:
+        self.received.append(envelope.content)  # type: ignore[attr-defined]
+        return "250 OK"
+
+
+@contextlib.contextmanager
+def smtp_sink() -> Iterator[tuple[dict[str, str], Mailbox]]:
+    """An SMTP server on a free local port: the environment that points a kit at it, and its mailbox."""
+    with socket.socket() as probe:  # aiosmtpd cannot pick a free port itself (port=0 fails)
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    mailbox = Mailbox()
+    server = Controller(mailbox, hostname="127.0.0.1", port=port)
+    server.start()
+    try:
+        yield {"SMTP_HOST": "127.0.0.1", "SMTP_PORT": str(port)}, mailbox
+    finally:
+        server.stop()

@@ -1,51 +1,28 @@
-"""The Sidekiq kit's README, run as written: every command in its code blocks, in the order a user meets them,
-against PostgreSQL, Redis, a real sidekiq process and an SMTP sink that counts what arrives.
+"""The Sidekiq kit's README, run as written: every command of its sections "On its own", "A person's task" and
+"The replay suite", in the order a user meets them, against PostgreSQL, Redis, a real sidekiq process and an
+SMTP sink that counts what arrives.
 
-(`bin/rails ...` lines run in tests/test_rails_host.py. `bundle install` finds the gems already on the machine:
-the test first runs `bundle install --local`, since RubyGems is not reachable here.)
+(The section "In a Rails app" runs in tests/test_rails_host.py. `bundle install` finds the gems already on the
+machine: the test first runs `bundle install --local`, which the README gives for offline use, since RubyGems
+is not reachable here.)
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from aiosmtpd.controller import Controller
-from generate import with_cookiecutter
-from services import postgres_database, psql, redis_database
+from generate import readme_commands, with_cookiecutter
+from services import postgres_database, psql, redis_database, smtp_sink
 from test_kits import run_name
 
 COMBO = {"queue_system": "sidekiq", "effect_kind": "external_no_reference", "stale_claim_policy": "hold"}
 KEY = "ORD-1001"
-
-
-class Mailbox:
-    """An SMTP sink: the emails that arrived."""
-
-    def __init__(self) -> None:
-        self.received: list[bytes] = []
-
-    async def handle_DATA(self, server: object, session: object, envelope: object) -> str:
-        self.received.append(envelope.content)  # type: ignore[attr-defined]
-        return "250 OK"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def readme_commands(kit: Path) -> list[str]:
-    """The lines of the README's code blocks that a user of the kit on its own runs."""
-    lines = (kit / "README.md").read_text().splitlines()
-    return [line.strip() for line in lines if line.startswith("    bundle ")]
 
 
 def until(what: str, check: Callable[[], bool], seconds: float = 30) -> None:
@@ -57,14 +34,12 @@ def until(what: str, check: Callable[[], bool], seconds: float = 30) -> None:
 
 def test_sidekiq_readme_commands_run_as_written(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     kit = with_cookiecutter(tmp_path, COMBO)
-    commands = readme_commands(kit)
-    install, migrate, worker, enqueue, held_list, resolve_done, resolve_again, suite = commands
-    mailbox = Mailbox()
-    smtp = Controller(mailbox, hostname="127.0.0.1", port=free_port())
-    smtp.start()
+    install, migrate, worker, enqueue = readme_commands(kit, "On its own")
+    held_list, resolve_done, resolve_again = readme_commands(kit, "A person's task")
+    (suite,) = readme_commands(kit, "The replay suite")
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    with postgres_database(run_name(request)) as database, redis_database() as redis:
-        env |= {"DATABASE_URL": database, "REDIS_URL": redis, "SMTP_HOST": "127.0.0.1", "SMTP_PORT": str(smtp.port)}
+    with postgres_database(run_name(request)) as database, redis_database() as redis, smtp_sink() as (smtp, mail):
+        env |= {"DATABASE_URL": database, "REDIS_URL": redis, **smtp}
         table = database.rsplit("/", 1)[1]
 
         def run(command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -90,27 +65,21 @@ def test_sidekiq_readme_commands_run_as_written(request: pytest.FixtureRequest, 
         sidekiq = subprocess.Popen(worker, shell=True, cwd=kit, env=env, start_new_session=True)
         try:
             assert f"enqueued send_confirmation {KEY}" in run(enqueue).stdout
-            until(
-                "the email arrived and the claim completed",
-                lambda: len(mailbox.received) == 1 and status() == "completed",
-            )
+            until("the email arrived and was completed", lambda: (len(mail.received), status()) == (1, "completed"))
 
             held_after_the_lease()
             assert KEY in run(held_list).stdout
             missing = run("bundle exec rake order_confirmation:held:resolve DONE=yes", check=False)
             assert missing.returncode != 0 and "KEY is missing: pass the order_reference" in missing.stderr
             run(resolve_done)
-            assert (status(), len(mailbox.received)) == ("completed", 1)
+            assert (status(), len(mail.received)) == ("completed", 1)
 
             held_after_the_lease()
             run(resolve_again)
-            until(
-                "the released operation was sent again", lambda: len(mailbox.received) == 2 and status() == "completed"
-            )
+            until("it was released and sent again", lambda: (len(mail.received), status()) == (2, "completed"))
         finally:
             os.killpg(sidekiq.pid, signal.SIGTERM)
             sidekiq.wait(timeout=30)
-            smtp.stop()
 
     embedded = {k: v for k, v in env.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     result = subprocess.run(suite, shell=True, cwd=kit, env=embedded, capture_output=True, text=True, timeout=300)

@@ -1,9 +1,10 @@
 """A Sidekiq kit dropped into an existing Rails app, on every Ruby stack.
 
 The app (tests/rails_host) has its own connection to PostgreSQL, its own table, model and migration. The
-kit, beside the app, is installed and migrated with the `bin/rails` commands of its README (the app's own
-`db:migrate`), and its replay suite then runs inside the app (REPLAY_HOST_APP), on real
-sidekiq processes that boot the app. Afterwards the app's data and connection are as they were.
+kit, beside the app, is installed, migrated (the app's own `db:migrate`), run on the app's own Sidekiq and
+given one operation with the commands of its README's section "In a Rails app", as written. Its replay suite
+then runs inside the app (REPLAY_HOST_APP), on real sidekiq processes that boot the app. Afterwards the app's
+data and connection are as they were.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import ruby_stacks
-from generate import with_cookiecutter
-from services import postgres_database, psql, redis_database
+from generate import readme_commands, with_cookiecutter
+from services import postgres_database, psql, redis_database, smtp_sink
 from test_kits import assert_report, require_stack, run_name
 
 HOST = Path(__file__).parent / "rails_host"
@@ -38,14 +41,14 @@ def test_kit_inside_an_existing_rails_app(request: pytest.FixtureRequest, tmp_pa
     app = tmp_path / "host_app"
     shutil.copytree(HOST, app)
     kit = with_cookiecutter(tmp_path, COMBO)  # beside the app, as the kit's README has it
-    readme = (kit / "README.md").read_text().splitlines()
-    install, migrate = [line.split() for line in readme if line.startswith("    bin/rails ")]
+    install, migrate, worker, enqueue = (line.split() for line in readme_commands(kit, "In a Rails app"))
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "REPLAY_HOST_APP")}
-    with postgres_database(run_name(request)) as database, redis_database() as redis:
-        env |= {"DATABASE_URL": database}
+    with postgres_database(run_name(request)) as database, redis_database() as redis, smtp_sink() as (smtp, mail):
+        env |= {"DATABASE_URL": database, "REDIS_URL": redis, **smtp}
         name = database.rsplit("/", 1)[1]
 
-        # The app as it was: its own migration, its own row.
+        # The app as it was: its gems installed, its own migration, its own row.
+        run(stack, ["bundle", "install", "--local"], app, env)
         run(stack, ["bin/rails", "db:migrate"], app, env)
         run(stack, ["bin/rails", "runner", 'Customer.create!(name: "Ada")'], app, env)
 
@@ -67,8 +70,22 @@ def test_kit_inside_an_existing_rails_app(request: pytest.FixtureRequest, tmp_pa
             re.findall(r"order_confirmation:[\w:]+", tasks)
         )
 
+        # The app's own Sidekiq runs the job: one operation enqueued, one email at the sink, the record completed.
+        app_worker = ruby_stacks.command(stack, worker, app, env)
+        sidekiq = subprocess.Popen(app_worker, cwd=app, env=env, start_new_session=True)
+        try:
+            assert "enqueued send_confirmation ORD-1001" in run(stack, enqueue, app, env)
+            done = "SELECT status FROM handled_operations WHERE operation_key = 'ORD-1001'"
+            deadline = time.monotonic() + 60
+            while (len(mail.received), psql(done, database=name).strip()) != (1, "completed"):
+                assert time.monotonic() < deadline, "the app's sidekiq did not perform the enqueued operation"
+                time.sleep(0.2)
+        finally:
+            os.killpg(sidekiq.pid, signal.SIGTERM)
+            sidekiq.wait(timeout=60)
+
         # The seven cases, inside the app, on its connection and real sidekiq processes.
-        suite_env = env | {"REDIS_URL": redis, "REPLAY_HOST_APP": str(app)}
+        suite_env = env | {"REPLAY_HOST_APP": str(app)}
         result = subprocess.run(
             ruby_stacks.command(stack, ["rspec"], kit, suite_env),
             cwd=kit,

@@ -1,3 +1,4 @@
 # frozen_string_literal: true
 
-# No Bundler: the app runs on the gems of the Ruby stack it is tested on.
+ENV["BUNDLE_GEMFILE"] ||= File.expand_path("../Gemfile", __dir__)
+require "bundler/setup"
