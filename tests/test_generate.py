@@ -16,13 +16,17 @@ from generate import COPIER_ANSWERS, tree, with_cookiecutter, with_copier
 from matrix import ROOT, answers, combinations, combo_id, expected, facts, problem
 
 COMBINATIONS = combinations()
+# One xdist worker takes this module, so the thirty kits of the `kits` fixture are baked once per run, not once
+# per worker (tox runs pytest with --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("generated_kits")
 # Jinja left in a kit, but not a GitHub Actions expression (${{ ... }}) nor a mention of cookiecutter.json
 UNRENDERED = re.compile(rb"(?<!\$)\{\{|\{%|\{#|\bcookiecutter\.(?!json)\w")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def kits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """One cookiecutter kit per combination, baked once for this module's tests."""
+    """One cookiecutter kit per combination, baked once per run for this module's tests (session scope: xdist
+    interleaves modules on a worker, which would tear a module fixture down and bake the kits again)."""
     root = tmp_path_factory.mktemp("cookiecutter")
     return {combo_id(c): with_cookiecutter(root / combo_id(c), c) for c in COMBINATIONS}
 

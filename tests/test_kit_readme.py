@@ -32,6 +32,7 @@ def until(what: str, check: Callable[[], bool], seconds: float = 30) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.live
 def test_sidekiq_readme_commands_run_as_written(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     kit = with_cookiecutter(tmp_path, COMBO)
     install, migrate, worker, enqueue = readme_commands(kit, "On its own")

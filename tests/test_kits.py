@@ -62,7 +62,13 @@ WITH_KIT = [combo for combo in combinations() if combo["queue_system"] in LANGUA
 def suite_runs() -> list[pytest.param]:
     """Every combination with a kit, in both modes; a Ruby kit on every Ruby stack."""
     return [
-        pytest.param(combo, mode, stack, id=f"{combo_id(combo)}-{mode}" + (f"-{stack}" if stack else ""))
+        pytest.param(
+            combo,
+            mode,
+            stack,
+            id=f"{combo_id(combo)}-{mode}" + (f"-{stack}" if stack else ""),
+            marks=[pytest.mark.live] if mode == "live" else [],
+        )
         for combo in WITH_KIT
         for mode in ("embedded", "live")
         for stack in (ruby_stacks.STACKS if LANGUAGES[combo["queue_system"]] == "ruby" else [None])

@@ -35,6 +35,7 @@ def run(stack: str, argv: list[str], cwd: Path, env: dict[str, str]) -> str:
     return result.stdout
 
 
+@pytest.mark.live
 @pytest.mark.parametrize("stack", ruby_stacks.STACKS)
 def test_kit_inside_an_existing_rails_app(request: pytest.FixtureRequest, tmp_path: Path, stack: str) -> None:
     require_stack(stack)
