@@ -10,6 +10,7 @@ is not reachable here.)
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -63,7 +64,9 @@ def test_sidekiq_readme_commands_run_as_written(request: pytest.FixtureRequest, 
         run("bundle install --local")
         run(install)
         run(migrate)
-        sidekiq = subprocess.Popen(worker, shell=True, cwd=kit, env=env, start_new_session=True)
+        # Split, not through a shell: the process waited for is sidekiq itself (bundle exec execs it), so that it
+        # has written its last stats to Redis before the database is flushed.
+        sidekiq = subprocess.Popen(shlex.split(worker), cwd=kit, env=env, start_new_session=True)
         try:
             assert f"enqueued send_confirmation {KEY}" in run(enqueue).stdout
             until("the email arrived and was completed", lambda: (len(mail.received), status()) == (1, "completed"))
