@@ -1,6 +1,8 @@
 """The harness: for every combination whose queue system has a kit, run the kit's own suite, embedded and live,
 then read the replay-report.json it wrote and hold it to the data; a Sidekiq kit runs on every Ruby stack
-of ruby_stacks.py. Also run each kit's own linters.
+of ruby_stacks.py, the SQS kit through each of its entry points (the consumer, the Lambda handler). A live
+Python kit migrates a database that already holds an application's own Alembic history (app_history.py).
+Also run each kit's own linters.
 
 A queue system without a kit yet contributes no test here; once its kit exists, every combination runs.
 """
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import ruby_stacks
+from app_history import assert_app_history_intact, give_app_history
 from generate import with_cookiecutter
 from matrix import combinations, combo_id, expected
 from services import postgres_database, redis_database
@@ -33,6 +36,8 @@ LINTERS = {
     "python": [[sys.executable, "-m", "ruff", "check", "."], [sys.executable, "-m", "ruff", "format", "--check", "."]],
     "ruby": [["rubocop", "--no-server", "--cache", "false"]],
 }
+# The ways into a kit that its suite can be run through (REPLAY_ENTRY_POINT); one run each.
+ENTRY_POINTS = {"sqs": ["consumer", "lambda"]}
 # In CI nothing may skip: a Ruby stack that is not built fails its tests.
 CI = os.environ.get("CI") == "true"
 
@@ -59,19 +64,26 @@ LANGUAGES = _languages()
 WITH_KIT = [combo for combo in combinations() if combo["queue_system"] in LANGUAGES]
 
 
+def variants(queue_system: str) -> list[str | None]:
+    """What a kit's suite runs once on each of: a Ruby stack, or an entry point; else just once (None)."""
+    if LANGUAGES[queue_system] == "ruby":
+        return list(ruby_stacks.STACKS)
+    return list(ENTRY_POINTS.get(queue_system, [None]))
+
+
 def suite_runs() -> list[pytest.param]:
-    """Every combination with a kit, in both modes; a Ruby kit on every Ruby stack."""
+    """Every combination with a kit, in both modes; a Ruby kit on every Ruby stack, SQS through each entry point."""
     return [
         pytest.param(
             combo,
             mode,
-            stack,
-            id=f"{combo_id(combo)}-{mode}" + (f"-{stack}" if stack else ""),
+            variant,
+            id=f"{combo_id(combo)}-{mode}" + (f"-{variant}" if variant else ""),
             marks=[pytest.mark.live] if mode == "live" else [],
         )
         for combo in WITH_KIT
         for mode in ("embedded", "live")
-        for stack in (ruby_stacks.STACKS if LANGUAGES[combo["queue_system"]] == "ruby" else [None])
+        for variant in variants(combo["queue_system"])
     ]
 
 
@@ -96,11 +108,13 @@ def run_name(request: pytest.FixtureRequest) -> str:
     return hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:12]
 
 
-def assert_report(kit: Path, combo: dict[str, str], mode: str) -> None:
+def assert_report(kit: Path, combo: dict[str, str], mode: str, entry_point: str | None = None) -> None:
     """replay-report.json says that every one of the seven rows was observed as the data expects."""
     report = json.loads((kit / "replay-report.json").read_text())
     assert {k: report[k] for k in ("queue_system", "effect_kind", "stale_claim_policy")} == combo
     assert report["mode"] == mode
+    if entry_point:
+        assert report["entry_point"] == entry_point
     assert report["database"] == ("postgresql" if mode == "live" else "sqlite")
     rows = report["rows"]
     assert [row["case"] for row in rows] == [1, 2, 3, 4, 5, 6, 7]
@@ -111,23 +125,32 @@ def assert_report(kit: Path, combo: dict[str, str], mode: str) -> None:
         assert row["passed"] is True, row
 
 
-@pytest.mark.parametrize(("combo", "mode", "stack"), suite_runs())
+@pytest.mark.parametrize(("combo", "mode", "variant"), suite_runs())
 def test_kit_suite_proves_the_policy(
-    request: pytest.FixtureRequest, tmp_path: Path, combo: dict[str, str], mode: str, stack: str | None
+    request: pytest.FixtureRequest, tmp_path: Path, combo: dict[str, str], mode: str, variant: str | None
 ) -> None:
     kit = with_cookiecutter(tmp_path, combo)
+    language = LANGUAGES[combo["queue_system"]]
+    stack = variant if language == "ruby" else None
+    entry_point = variant if language == "python" else None
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL")}
+    if entry_point:
+        env["REPLAY_ENTRY_POINT"] = entry_point
     with contextlib.ExitStack() as services:
         if mode == "live":
             database = services.enter_context(postgres_database(run_name(request)))
             broker = services.enter_context(redis_database())
             env |= {"DATABASE_URL": database, "CELERY_BROKER_URL": broker, "REDIS_URL": broker}
+            if language == "python":
+                give_app_history(database)
         started = time.monotonic()
-        result = run_suite(kit, LANGUAGES[combo["queue_system"]], stack, env)
-    seconds = time.monotonic() - started
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
-    print(f"{combo_id(combo)} {mode} {stack or ''}: suite passed in {seconds:.1f} s")
-    assert_report(kit, combo, mode)
+        result = run_suite(kit, language, stack, env)
+        seconds = time.monotonic() - started
+        assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
+        if mode == "live" and language == "python":
+            assert_app_history_intact(database)
+    print(f"{combo_id(combo)} {mode} {variant or ''}: suite passed in {seconds:.1f} s")
+    assert_report(kit, combo, mode, entry_point)
 
 
 @pytest.mark.parametrize("combo", WITH_KIT, ids=combo_id)
