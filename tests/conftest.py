@@ -1,5 +1,40 @@
+import os
 import sys
+import uuid
 from pathlib import Path
+from typing import Any
 
 # The template's tests import their helpers (matrix, generate) from this folder.
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+def pytest_configure(config: Any) -> None:
+    """One run id for the whole run, known to the main process too (pytest-xdist gives it to its workers only):
+    the names of what the run creates, and its matrix report, carry it (services.RUN_ID)."""
+    if not hasattr(config, "workerinput"):
+        run_id = getattr(config.option, "testrunuid", None) or uuid.uuid4().hex
+        if hasattr(config.option, "testrunuid"):
+            config.option.testrunuid = run_id
+        os.environ["PYTEST_XDIST_TESTRUNUID"] = run_id
+
+
+def pytest_collection_finish(session: Any) -> None:
+    """The matrix report learns which kit suites this run will run (every pytest worker collects them all)."""
+    suites = [
+        item.callspec.params
+        for item in session.items
+        if getattr(item, "originalname", "") == "test_kit_suite_proves_the_policy"
+    ]
+    if suites:
+        import matrix_report
+
+        matrix_report.plan((params["combo"], params["mode"], params["variant"]) for params in suites)
+
+
+def pytest_sessionfinish(session: Any) -> None:
+    """The run's matrix report, final: written once, by the process that is not a worker."""
+    import matrix_report
+
+    if not hasattr(session.config, "workerinput") and matrix_report.results_file().exists():
+        page = matrix_report.render(finished=True)
+        print(f"\nthe matrix report: {page}")

@@ -19,8 +19,9 @@ COMBINATIONS = combinations()
 # One xdist worker takes this module, so the thirty kits of the `kits` fixture are baked once per run, not once
 # per worker (tox runs pytest with --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("generated_kits")
-# Jinja left in a kit, but not a GitHub Actions expression (${{ ... }}) nor a mention of cookiecutter.json
-UNRENDERED = re.compile(rb"(?<!\$)\{\{|\{%|\{#|\bcookiecutter\.(?!json)\w")
+# Jinja left in a kit, but not a GitHub Actions expression (${{ ... }}), nor the tag that switches the report
+# templates' Mustache to [[ ]] (report/*.mustache), nor a mention of cookiecutter.json
+UNRENDERED = re.compile(rb"(?<!\$)\{\{(?!=\[\[ \]\]=\}\})|\{%|\{#|\bcookiecutter\.(?!json)\w")
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import matrix_report
 import pytest
 import ruby_stacks
 from app_history import assert_app_history_intact, give_app_history
@@ -146,6 +147,7 @@ def test_kit_suite_proves_the_policy(
         started = time.monotonic()
         result = run_suite(kit, language, stack, env)
         seconds = time.monotonic() - started
+        matrix_report.record(combo, mode, variant, seconds, result.returncode == 0, kit)
         assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
         if mode == "live" and language == "python":
             assert_app_history_intact(database)
