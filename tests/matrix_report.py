@@ -115,7 +115,8 @@ def matrix_page(planned: list[dict[str, Any]], done: list[dict[str, Any]], finis
   th, td {{ border: 1px solid #d0d0d0; padding: 0.25rem 0.5rem; text-align: left; white-space: nowrap; }}
   td.passed {{ background: #eaf6ef; }} td.failed {{ background: #fbeaea; font-weight: 700; }}
   td.pending {{ color: #777; }}
-  progress {{ width: 20rem; }}
+  progress {{ width: 20rem; max-width: 100%; }}
+  .scroll {{ overflow-x: auto; }}
 </style>
 </head>
 <body>
@@ -124,10 +125,12 @@ def matrix_page(planned: list[dict[str, Any]], done: list[dict[str, Any]], finis
 <strong>{len(done)} of {total}</strong> suites done, {passed} passed, {failed} failed.
 <progress max="{total}" value="{len(done)}"></progress></p>
 <p>Each cell links to that kit's replay report and gives how long its suite took.</p>
+<div class="scroll">
 <table id="matrix">
 <tr><th>queue system, effect kind, policy</th>{head}</tr>
 {chr(10).join(rows)}
 </table>
+</div>
 </body>
 </html>
 """

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from xml.etree import ElementTree
 
 import matrix_report
 import pytest
@@ -124,6 +125,13 @@ def assert_report(kit: Path, combo: dict[str, str], mode: str, entry_point: str 
         assert row["expected"] == {"emails": want["emails"], "record": want["record"]}, row
         assert row["observed"] == row["expected"], row
         assert row["passed"] is True, row
+    assert [fact["name"] for fact in report["environment"]][:4] == ["Queue system", "Broker", "Database", "Language"]
+    # the sign-off reports made from it: the verdict first, and the seven cases as passed tests for any CI
+    verdict = "Passed: all seven cases behaved as POLICY.md says."
+    assert verdict in (kit / "replay-report.html").read_text()
+    assert verdict in (kit / "replay-report.md").read_text()
+    junit = ElementTree.parse(kit / "replay-junit.xml").getroot()
+    assert [len(junit.findall(".//testcase")), junit.get("failures"), junit.get("errors")] == [7, "0", "0"]
 
 
 @pytest.mark.parametrize(("combo", "mode", "variant"), suite_runs())
