@@ -2,9 +2,9 @@
 run", "The sweeper", "A person's command" and "The replay suite", in the order a user meets them, in a fresh
 virtualenv, against PostgreSQL, Redis (Celery), moto's SQS server (SQS) and an SMTP sink that counts what arrives.
 
-The virtualenv sees this interpreter's packages (--system-site-packages), so `pip install -e ".[dev]"` installs
-the kit itself and finds its dependencies already there. The SQS kit is given its region in AWS_REGION alone and
-its endpoint in AWS's own AWS_ENDPOINT_URL_SQS, as a user following the README would.
+The virtualenv sees this interpreter's packages, so `pip install -e ".[dev]"` installs the kit itself and finds
+its dependencies already there. The SQS kit is given its region in AWS_REGION alone and its endpoint in AWS's
+own AWS_ENDPOINT_URL_SQS, as a user following the README would.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+import site
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Callable, Iterator
 from email import message_from_bytes
@@ -99,6 +101,33 @@ class User:
                 process.wait()
 
 
+def make_venv(venv: Path) -> Path:
+    """A fresh virtualenv holding what this interpreter has installed, as if pip had put it there: its
+    site-packages on the path (a .pth file; --system-site-packages would give the base interpreter's) and its
+    commands (alembic, celery, ruff ...) in the virtualenv's bin, run by the virtualenv's python. So
+    `pip install -e ".[dev]"` finds every dependency installed and installs the kit alone, with no download."""
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    bin_folder = venv / "bin"
+    purelib = subprocess.run(
+        [str(bin_folder / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    (Path(purelib) / "outer-packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    for command in Path(sysconfig.get_paths()["scripts"]).iterdir():
+        ours = bin_folder / command.name
+        if ours.exists() or not command.is_file():
+            continue
+        first, _, rest = command.read_bytes().partition(b"\n")
+        if first.startswith(b"#!") and b"python" in first:
+            ours.write_bytes(b"#!" + str(bin_folder / "python").encode() + b"\n" + rest)
+            ours.chmod(0o755)
+        else:
+            ours.symlink_to(command)  # a binary (ruff's)
+    return venv
+
+
 @pytest.fixture
 def sqs_endpoint() -> Iterator[str]:
     """moto's SQS server on a free local port."""
@@ -118,8 +147,7 @@ def test_python_readme_commands_run_as_written(
 ) -> None:
     kit = with_cookiecutter(tmp_path, {"queue_system": queue_system})
     as_baked = set(tree(kit))
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    venv = make_venv(tmp_path / "venv")
     base = {
         name: value
         for name, value in os.environ.items()
