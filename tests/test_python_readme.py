@@ -17,7 +17,7 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from email import message_from_bytes
 from pathlib import Path
 
@@ -25,18 +25,12 @@ import pytest
 from generate import readme_commands, tree, with_cookiecutter
 from moto.server import ThreadedMotoServer
 from services import Mailbox, postgres_database, psql, redis_database, smtp_sink
+from test_kit_readme import until
 from test_kits import run_name
 
 KEY = "ORD-1001"
 LEASE = 600
 TABLE = "handled_operations"
-
-
-def until(what: str, check: Callable[[], bool], seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.1)
 
 
 def received(mail: Mailbox, key: str) -> int:
