@@ -1,10 +1,10 @@
 """The live services a test run uses, safe on a machine that other runs share.
 
-Addresses come from the environment (REPLAY_POSTGRES_URL, REPLAY_REDIS_URL; defaults: this machine's own).
-Every PostgreSQL database a run creates is named by the run's id and dropped at the end; a Redis database is
-leased for one test (a lease key in Redis database 0, taken only while that database is empty), flushed
-after it, and given back. Nothing this run did not create is dropped or flushed. An SMTP sink counts the
-emails that arrive.
+Addresses come from the environment (REPLAY_POSTGRES_URL, REPLAY_REDIS_URL, REPLAY_RABBITMQ_URL; defaults: this
+machine's own). Every PostgreSQL database a run creates is named by the run's id and dropped at the end; a Redis
+database is leased for one test (a lease key in Redis database 0, taken only while that database is empty),
+flushed after it, and given back; a RabbitMQ vhost is named by the run's id and deleted at the end. Nothing this
+run did not create is dropped or flushed. An SMTP sink counts the emails that arrive.
 """
 
 from __future__ import annotations
@@ -15,11 +15,14 @@ import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 from aiosmtpd.controller import Controller
 
 POSTGRES = os.environ.get("REPLAY_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432").rstrip("/")
 REDIS = os.environ.get("REPLAY_REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
+# the broker's address without a vhost; the vhosts are made with rabbitmqctl, on this machine's node
+RABBITMQ = os.environ.get("REPLAY_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672").rstrip("/")
 # One id per test run, shared by its xdist workers, in every name the run creates.
 RUN_ID = os.environ.get("PYTEST_XDIST_TESTRUNUID", uuid.uuid4().hex)[:8]
 LEASE_SECONDS = 3600  # a run killed before it gives its lease back frees the database after this
@@ -71,6 +74,25 @@ def redis_database() -> Iterator[str]:
             redis(0, "DEL", lease)
         return
     raise RuntimeError(f"no empty Redis database at {REDIS} could be leased (1 to 15 are in use)")
+
+
+def rabbitmqctl(*args: str) -> str:
+    result = subprocess.run(["rabbitmqctl", "--quiet", *args], check=True, capture_output=True, text=True, timeout=60)
+    return result.stdout.strip()
+
+
+@contextlib.contextmanager
+def rabbitmq_vhost(purpose: str) -> Iterator[str]:
+    """The URL of a new RabbitMQ vhost named for this run and purpose, open to the URL's user, deleted afterwards
+    with every queue and message in it."""
+    name = f"rm_{RUN_ID}_{purpose}"
+    user = urlsplit(RABBITMQ).username or "guest"
+    rabbitmqctl("add_vhost", name)
+    try:
+        rabbitmqctl("set_permissions", "-p", name, user, ".*", ".*", ".*")
+        yield f"{RABBITMQ}/{name}"
+    finally:
+        rabbitmqctl("delete_vhost", name)
 
 
 class Mailbox:

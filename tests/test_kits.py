@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,7 @@ import ruby_stacks
 from app_history import assert_app_history_intact, give_app_history
 from generate import with_cookiecutter
 from matrix import combinations, combo_id, expected
-from services import postgres_database, redis_database
+from services import postgres_database, rabbitmq_vhost, redis_database
 
 # How each language's kit runs its suite and its linters, from the kit's root.
 SUITES = {
@@ -40,6 +41,8 @@ LINTERS = {
 }
 # The ways into a kit that its suite can be run through (REPLAY_ENTRY_POINT); one run each.
 ENTRY_POINTS = {"sqs": ["consumer", "lambda"]}
+# The brokers a kit's live suite runs on, one run each (embedded, a Celery kit uses kombu's in-memory transport).
+BROKERS = {"celery": ["redis", "rabbitmq"]}
 # In CI nothing may skip: a Ruby stack that is not built fails its tests.
 CI = os.environ.get("CI") == "true"
 
@@ -66,15 +69,18 @@ LANGUAGES = _languages()
 WITH_KIT = [combo for combo in combinations() if combo["queue_system"] in LANGUAGES]
 
 
-def variants(queue_system: str) -> list[str | None]:
-    """What a kit's suite runs once on each of: a Ruby stack, or an entry point; else just once (None)."""
+def variants(queue_system: str, mode: str) -> list[str | None]:
+    """What a kit's suite runs once on each of: a Ruby stack, an entry point, or (live) a broker; else just once."""
     if LANGUAGES[queue_system] == "ruby":
         return list(ruby_stacks.STACKS)
+    if mode == "live" and queue_system in BROKERS:
+        return list(BROKERS[queue_system])
     return list(ENTRY_POINTS.get(queue_system, [None]))
 
 
 def suite_runs() -> list[pytest.param]:
-    """Every combination with a kit, in both modes; a Ruby kit on every Ruby stack, SQS through each entry point."""
+    """Every combination with a kit, in both modes; a Ruby kit on every Ruby stack, SQS through each entry point,
+    Celery live on each broker."""
     return [
         pytest.param(
             combo,
@@ -85,7 +91,7 @@ def suite_runs() -> list[pytest.param]:
         )
         for combo in WITH_KIT
         for mode in ("embedded", "live")
-        for variant in variants(combo["queue_system"])
+        for variant in variants(combo["queue_system"], mode)
     ]
 
 
@@ -110,13 +116,18 @@ def run_name(request: pytest.FixtureRequest) -> str:
     return hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:12]
 
 
-def assert_report(kit: Path, combo: dict[str, str], mode: str, entry_point: str | None = None) -> None:
+def assert_report(
+    kit: Path, combo: dict[str, str], mode: str, entry_point: str | None = None, broker: str | None = None
+) -> None:
     """replay-report.json says that every one of the seven rows was observed as the data expects."""
     report = json.loads((kit / "replay-report.json").read_text())
     assert {k: report[k] for k in ("queue_system", "effect_kind", "stale_claim_policy")} == combo
     assert report["mode"] == mode
     if entry_point:
         assert report["entry_point"] == entry_point
+    if broker:  # named, with the version its server gave
+        named = next(fact["value"] for fact in report["environment"] if fact["name"] == "Broker")
+        assert re.fullmatch(r"\S+ \d+\.\d+\.\d+", named) and named.split()[0].lower() == broker, named
     assert report["database"] == ("postgresql" if mode == "live" else "sqlite")
     rows = report["rows"]
     assert [row["case"] for row in rows] == [1, 2, 3, 4, 5, 6, 7]
@@ -141,15 +152,20 @@ def test_kit_suite_proves_the_policy(
     kit = with_cookiecutter(tmp_path, combo)
     language = LANGUAGES[combo["queue_system"]]
     stack = variant if language == "ruby" else None
-    entry_point = variant if language == "python" else None
+    entry_point = variant if variant in ENTRY_POINTS.get(combo["queue_system"], []) else None
+    broker = variant if variant in BROKERS.get(combo["queue_system"], []) else None
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL")}
     if entry_point:
         env["REPLAY_ENTRY_POINT"] = entry_point
     with contextlib.ExitStack() as services:
         if mode == "live":
             database = services.enter_context(postgres_database(run_name(request)))
-            broker = services.enter_context(redis_database())
-            env |= {"DATABASE_URL": database, "CELERY_BROKER_URL": broker, "REDIS_URL": broker}
+            env["DATABASE_URL"] = database
+            if broker == "rabbitmq":
+                env["CELERY_BROKER_URL"] = services.enter_context(rabbitmq_vhost(run_name(request)))
+            else:
+                redis_url = services.enter_context(redis_database())
+                env |= {"CELERY_BROKER_URL": redis_url, "REDIS_URL": redis_url}
             if language == "python":
                 give_app_history(database)
         started = time.monotonic()
@@ -160,7 +176,7 @@ def test_kit_suite_proves_the_policy(
         if mode == "live" and language == "python":
             assert_app_history_intact(database)
     print(f"{combo_id(combo)} {mode} {variant or ''}: suite passed in {seconds:.1f} s")
-    assert_report(kit, combo, mode, entry_point)
+    assert_report(kit, combo, mode, entry_point, broker)
 
 
 @pytest.mark.parametrize("combo", WITH_KIT, ids=combo_id)
