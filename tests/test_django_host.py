@@ -12,6 +12,7 @@ start before the settings are in, then runs the operation the README sends.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -125,6 +126,10 @@ def test_kit_inside_a_django_project(request: pytest.FixtureRequest, tmp_path: P
         assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
         print(f"{combo_id(combo)} in Django: suite passed in {time.monotonic() - started:.1f} s")
         assert_report(kit, combo, "live")
+        facts = {
+            fact["name"]: fact["value"] for fact in json.loads((kit / "replay-report.json").read_text())["environment"]
+        }
+        assert facts["Host application"] == "proj.celery:app"
         assert redis(redis_db, "KEYS", "celery-task-meta-*") == "", "the suite left results in Redis"
 
         if walkthrough:
