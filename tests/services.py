@@ -17,8 +17,6 @@ import uuid
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
-from aiosmtpd.controller import Controller
-
 POSTGRES = os.environ.get("REPLAY_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432").rstrip("/")
 REDIS = os.environ.get("REPLAY_REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
 # the broker's address without a vhost; the vhosts are made with rabbitmqctl, on this machine's node
@@ -113,6 +111,9 @@ def smtp_sink() -> Iterator[tuple[dict[str, str], Mailbox]]:
         probe.bind(("127.0.0.1", 0))
         port = int(probe.getsockname()[1])
     mailbox = Mailbox()
+    # imported here: the runs without the kits' requirements (tox -e oldest) read RUN_ID from this module too
+    from aiosmtpd.controller import Controller
+
     server = Controller(mailbox, hostname="127.0.0.1", port=port)
     server.start()
     try:
