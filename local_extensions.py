@@ -17,6 +17,7 @@ The exception raised is the one cookiecutter's command line prints alone (one li
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,10 +57,16 @@ def answers_being_generated() -> dict[str, Any] | None:
     return None
 
 
+@functools.cache
+def replay_matrix_macros() -> Any:
+    """The macro file's module, compiled once per process: cookiecutter builds its environment several times per kit."""
+    return Environment(loader=FileSystemLoader(TEMPLATES)).get_template("replay_matrix.jinja").module
+
+
 class ReplayMatrix(Extension):
     def __init__(self, environment: Environment) -> None:
         super().__init__(environment)
-        macros = Environment(loader=FileSystemLoader(TEMPLATES)).get_template("replay_matrix.jinja").module
+        macros = replay_matrix_macros()
         problem = str(macros.unknown_answer(given_answers())).strip()
         answers = answers_being_generated()
         if not problem and answers is not None:
