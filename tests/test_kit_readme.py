@@ -1,6 +1,6 @@
-"""The Sidekiq kit's README, run as written: every command of its sections "On its own", "A person's task" and
-"The replay suite", in the order a user meets them, against PostgreSQL, Redis, a real sidekiq process and an
-SMTP sink that counts what arrives.
+"""The Sidekiq kit's README, run as written: every command of its sections "On its own", "A person's task",
+"Retention", "The replay suite", "The benchmark" (with small sizes) and "The soak" (the short one), in the order a
+user meets them, against PostgreSQL, Redis, a real sidekiq process and an SMTP sink that counts what arrives.
 
 (The section "In a Rails app" runs in tests/test_rails_host.py. `bundle install` finds the gems already on the
 machine: the test first runs `bundle install --local`, which the README gives for offline use, since RubyGems
@@ -9,7 +9,9 @@ is not reachable here.)
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -38,7 +40,11 @@ def test_sidekiq_readme_commands_run_as_written(request: pytest.FixtureRequest, 
     kit = with_cookiecutter(tmp_path, COMBO)
     install, migrate, worker, enqueue = readme_commands(kit, "On its own")
     held_list, resolve_done, resolve_again = readme_commands(kit, "A person's task")
+    (retain,) = readme_commands(kit, "Retention")
     (suite,) = readme_commands(kit, "The replay suite")
+    short_soak, _ = readme_commands(kit, "The soak")  # the long one runs in tests/test_soak.py
+    # the benchmarks as written, with small sizes: they print figures, checked for their shape only
+    benchmark, scale = (shlex.join(shlex.split(line, comments=True)) for line in readme_commands(kit, "The benchmark"))
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     with postgres_database(run_name(request)) as database, redis_database() as redis, smtp_sink() as (smtp, mail):
         env |= {"DATABASE_URL": database, "REDIS_URL": redis, **smtp}
@@ -81,10 +87,37 @@ def test_sidekiq_readme_commands_run_as_written(request: pytest.FixtureRequest, 
             held_after_the_lease()
             run(resolve_again)
             until("it was released and sent again", lambda: (len(mail.received), status()) == (2, "completed"))
+
+            # Retention: a DAYS inside the job's redelivery window is refused in one line; the record stays.
+            refused = run("bundle exec rake order_confirmation:retain DAYS=0", check=False)
+            assert refused.returncode != 0 and len(refused.stderr.splitlines()) == 1, refused.stderr
+            assert "is refused" in refused.stderr and "the minimum is DAYS=" in refused.stderr
+            psql(
+                "UPDATE handled_operations SET completed_at = completed_at - interval '40 days'",
+                database=table,
+            )
+            deleted = run(retain).stdout
+            assert "1 completed record(s) of send_confirmation older than 30 days deleted" in deleted
+            assert status() == ""
         finally:
             os.killpg(sidekiq.pid, signal.SIGTERM)
             sidekiq.wait(timeout=30)
 
+        verdicts = r"ratio \d+\.\d\d \(goal [<>]= [\d.]+\): (PASS|MISS)"
+        figures = run(f"{benchmark} --operations 100 --jobs 20 --rounds 1").stdout
+        assert len(re.findall(verdicts, figures)) == 3, figures
+        assert status() == "", "the benchmark left records behind"
+        figures = run(f"{scale} --rows 20000 --backlog 2000 --stale 500 --samples 20").stdout
+        assert len(re.findall(verdicts, figures)) == 8, figures
+        assert re.search(r"500 handled in one sweep, 500 held, .*\n.*\(goal <= 30 s\): (PASS|MISS)", figures), figures
+        assert "retention: `rake order_confirmation:retain DAYS=30` deleted" in figures
+
+        soaked = run(short_soak).stdout
+        assert re.search(r"\n  violations +0\n", soaked), soaked
+        assert json.loads((kit / "replay-soak.json").read_text())["operations"] == 300
+
     embedded = {k: v for k, v in env.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     result = subprocess.run(suite, shell=True, cwd=kit, env=embedded, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-4000:]
+    # the reports show the last soak beside the seven cases
+    assert "The soak of 300 operations found no violation." in (kit / "replay-report.md").read_text()

@@ -1,6 +1,7 @@
 """The Celery and SQS kits' READMEs, run as written: every command of the sections "Try it out", "Install and
-run", "The sweeper", "A person's command" and "The replay suite", in the order a user meets them, in a fresh
-virtualenv, against PostgreSQL, Redis (Celery), moto's SQS server (SQS) and an SMTP sink that counts what arrives.
+run", "The sweeper", "A person's command", "Retention" and "The replay suite", in the order a user meets them,
+in a fresh virtualenv, against PostgreSQL, Redis (Celery), moto's SQS server (SQS) and an SMTP sink that counts
+what arrives.
 
 The virtualenv sees this interpreter's packages, so `pip install -e ".[dev]"` installs the kit itself and finds
 its dependencies already there. The SQS kit is given its region in AWS_REGION alone and its endpoint in AWS's
@@ -203,10 +204,12 @@ def try_it_out(user: User, mail: Mailbox) -> None:
 
 
 def install_run_and_resolve(user: User, queue_system: str, mail: Mailbox, database: str) -> None:
-    """The sections "Install and run", "The sweeper" and "A person's command", against the live services."""
+    """The sections "Install and run", "The sweeper", "A person's command" and "Retention", against the live
+    services."""
     install, migrate, *workers, send = readme_commands(user.kit, "Install and run")
     (sweep,) = readme_commands(user.kit, "The sweeper")
     held, resolve_done, resolve_release = readme_commands(user.kit, "A person's command")
+    (retain,) = readme_commands(user.kit, "Retention")
     name = database.rsplit("/", 1)[1]
 
     def status() -> str:
@@ -254,6 +257,13 @@ def install_run_and_resolve(user: User, queue_system: str, mail: Mailbox, databa
     user.run(send)  # the message again, as the README says after --release
     until("it was sent again and completed", lambda: (received(mail, KEY), status()) == (2, "completed"))
     assert b"Traceback" not in worker_log.read_bytes()
+
+    # the record is minutes old: kept; completed 31 days ago, it goes
+    days = retain.split("--older-than-days ")[1].split()[0]
+    assert user.run(retain).stdout == f"deleted 0 completed records of send_confirmation older than {days} days\n"
+    psql(f"UPDATE {TABLE} SET completed_at = completed_at - interval '{int(days) + 1} days'", database=name)
+    assert user.run(retain).stdout == f"deleted 1 completed records of send_confirmation older than {days} days\n"
+    assert status() == ""
 
 
 def the_replay_suite(user: User) -> None:

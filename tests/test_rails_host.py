@@ -54,17 +54,24 @@ def test_kit_inside_an_existing_rails_app(request: pytest.FixtureRequest, tmp_pa
         run(stack, ["bin/rails", "runner", 'Customer.create!(name: "Ada")'], app, env)
 
         installed = run(stack, install, app, env)
-        migration = next((app / "db/migrate").glob("*_create_handled_operations.rb"))
+        # the kit's migrations in their order, each with a timestamp of the app
+        migrations = sorted((app / "db/migrate").glob("*_handled_operations.rb"))
         version = run(stack, ["bin/rails", "runner", "puts ActiveRecord::Migration.current_version"], app, env)
-        assert re.fullmatch(r"20\d{12}_create_handled_operations\.rb", migration.name)
-        assert f"ActiveRecord::Migration[{version.strip()}]" in migration.read_text()
+        assert [re.sub(r"\A20\d{12}_", "", migration.name) for migration in migrations] == [
+            "create_handled_operations.rb",
+            "index_claimed_handled_operations.rb",
+        ]
+        for migration in migrations:
+            assert f"ActiveRecord::Migration[{version.strip()}]" in migration.read_text()
         assert (app / "app/sidekiq/order_confirmation/send_confirmation_job.rb").exists()
         assert "wrote lib/tasks/order_confirmation.rake" in installed
 
         # The app's own db:migrate applies the kit's migration beside the app's; the autoloader takes every file.
         run(stack, migrate, app, env)
         applied = psql("SELECT version FROM schema_migrations ORDER BY version", database=name).split()
-        assert applied == ["20240101000000", migration.name[:14]]
+        assert applied == ["20240101000000", *(migration.name[:14] for migration in migrations)]
+        indexes = psql("SELECT indexname FROM pg_indexes WHERE tablename = 'handled_operations'", database=name)
+        assert set(indexes.split()) == {"handled_operations_operation", "handled_operations_claimed"}
         assert run(stack, ["bin/rails", "zeitwerk:check"], app, env).rstrip().endswith("All is good!")
         tasks = run(stack, ["bin/rails", "-T", "order_confirmation"], app, env)
         assert {"order_confirmation:enqueue", "order_confirmation:sweep", "order_confirmation:held:list"} <= set(

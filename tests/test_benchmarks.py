@@ -1,0 +1,115 @@
+"""The Python kits' benchmark commands (the README's section "The benchmark"), run as written with small sizes,
+against PostgreSQL, Redis or RabbitMQ (Celery) and moto's SQS server (which the benchmark starts itself).
+
+They must keep working and print every goal with its verdict. The figures are not judged: timings on a shared
+machine are noise. What is not timing is checked: the plans of the statements by key go through the unique index,
+the sweeper settles every stale claim, retention deletes old records, and nothing the benchmarks wrote is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from generate import readme_commands, with_cookiecutter
+from services import postgres_database, psql, rabbitmq_vhost, redis_database
+from test_kits import run_name
+
+TABLE = "handled_operations"
+# small sizes: the commands as the README gives them, with these options after them
+SMALL = {
+    "benchmark.py": "--operations 100 --tasks 20 --rounds 1",
+    "scale.py": "--rows 20000 --backlog 2000 --stale 200 --operations 20",
+}
+VERDICT = r"ratio \d+\.\d\d \(goal (<=|>=) ([\d.]+)\): (PASS|MISS)"
+
+
+@contextlib.contextmanager
+def broker(name: str | None, purpose: str) -> Iterator[dict[str, str]]:
+    """The environment of the broker the Celery benchmark runs its worker on; none for SQS."""
+    if name == "redis":
+        with redis_database() as url:
+            yield {"CELERY_BROKER_URL": url}
+    elif name == "rabbitmq":
+        with rabbitmq_vhost(purpose) as url:
+            yield {"CELERY_BROKER_URL": url}
+    else:
+        yield {}
+
+
+def run(kit: Path, command: str, env: dict[str, str]) -> str:
+    """The README's command (its comment dropped), with the small sizes after it, in the kit's folder."""
+    script = command.split("#")[0].strip()
+    line = f"{script} {SMALL[Path(script.split()[-1]).name]}"
+    result = subprocess.run(["bash", "-c", line], cwd=kit, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, f"{line}\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+    return result.stdout
+
+
+def left_behind(database: str) -> int:
+    return int(psql(f"SELECT count(*) FROM {TABLE}", database=database.rsplit("/", 1)[1]))
+
+
+def check_benchmark(out: str, broker_name: str | None) -> None:
+    assert re.search(r"SQLAlchemy \S+, psycopg \S+", out), out
+    assert "load average" in out and "at the end" in out, out
+    verdicts = re.findall(rf"^   {VERDICT}$", out, re.MULTILINE)
+    assert [(sign, goal) for sign, goal, _ in verdicts] == [("<=", "1.25"), ("<=", "1.5"), (">=", "0.85")], out
+    assert re.search(r"^1\. claim \+ complete: .*\n   handle\(\), a new key each time +\d", out, re.MULTILINE), out
+    assert re.search(r"^   floor: the 2 statements it sent, on one raw psycopg connection", out, re.MULTILINE), out
+    duplicate = r"^2\. a duplicate: .*\n   handle\(\), the same completed key \(1 statement sent\) +\d"
+    assert re.search(duplicate, out, re.MULTILINE), out
+    where = {"redis": "on Redis ", "rabbitmq": "on RabbitMQ ", None: "on moto's SQS server"}[broker_name]
+    assert re.search(rf"^3\. throughput of .*{re.escape(where)}", out, re.MULTILINE), out
+    assert re.search(r"^   with the claim \(the kit's own\) +\d+\.\d tasks/s", out, re.MULTILINE), out
+    best = r"^   the floor here: [\d.]+ ms a task plus goal 1's floor, [\d.]+ ms: [\d.]+$"
+    assert re.search(best, out, re.MULTILINE), out
+
+
+def check_scale(out: str) -> None:
+    # every statement by key, in each of the three states of the statistics, custom and generic plans
+    judged = re.findall(r"^     (\S.*?) +custom: (.*); generic: (.*): (PASS|MISS)$", out, re.MULTILINE)
+    assert len(judged) == 3 * 6, out
+    assert all(verdict == "PASS" for *_, verdict in judged), out
+    assert all("using handled_operations_operation" in custom for _, custom, _, _ in judged), out
+    rows = re.findall(r"^     (complete|release|take_over|settle_stale)\(\) +\d+ .* (PASS|MISS)$", out, re.MULTILINE)
+    assert [name for name, _ in rows] == ["complete", "release", "take_over", "settle_stale"], out
+    assert re.search(r"^   200 stale claims, policy `hold`: \d+ sweep\(s\) .*, 0 left$", out, re.MULTILINE), out
+    assert re.search(r"^   drained in \d+\.\d s \(goal <= 30 s for 10,000\): (PASS|MISS)$", out, re.MULTILINE), out
+    before = re.search(r"^   before: +([\d,]+) rows; table [\d.]+ MiB, indexes", out, re.MULTILINE)
+    after = re.search(r"^   after: +([\d,]+) rows; table [\d.]+ MiB, indexes", out, re.MULTILINE)
+    assert before and after, out
+    assert int(after[1].replace(",", "")) < int(before[1].replace(",", "")), out
+
+
+@pytest.mark.live
+@pytest.mark.parametrize(
+    ("queue_system", "broker_name", "with_scale"),
+    [("celery", "redis", True), ("celery", "rabbitmq", False), ("sqs", None, True)],
+)
+def test_benchmark_commands_print_every_goal(
+    queue_system: str, broker_name: str | None, with_scale: bool, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    kit = with_cookiecutter(tmp_path, {"queue_system": queue_system})
+    benchmark, scale = readme_commands(kit, "The benchmark")
+    assert benchmark.startswith("python benchmarks/benchmark.py") and scale.startswith("python benchmarks/scale.py")
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("DATABASE_URL", "CELERY_", "SQS_", "AWS_", "SMTP_", "PYTHONPATH"))
+    }
+    # `python` is this interpreter, which has the kits' dependencies (tests/kit_requirements.py)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    with postgres_database(run_name(request)) as database, broker(broker_name, run_name(request)) as queue:
+        env |= {"DATABASE_URL": database, **queue}
+        check_benchmark(run(kit, benchmark, env), broker_name)
+        assert left_behind(database) == 0
+        if with_scale:
+            check_scale(run(kit, scale, env))
+            assert left_behind(database) == 0
