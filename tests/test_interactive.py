@@ -40,7 +40,14 @@ class See:
     text: str
 
 
-Step = str | See
+@dataclass(frozen=True)
+class Pause:
+    """A step that waits, as a person does between seeing a question and pressing a key."""
+
+    seconds: float
+
+
+Step = str | See | Pause
 
 
 class Terminal:
@@ -98,6 +105,8 @@ def run_session(term: Terminal, steps: dict[str, list[Step]], answer_rest: bool 
         for step in steps.get(name, [ENTER]):
             if isinstance(step, See):
                 term.wait_for(step.text)
+            elif isinstance(step, Pause):
+                time.sleep(step.seconds)
             else:
                 term.send(step)
         if name == next(reversed(steps), None) and not answer_rest:
@@ -251,7 +260,10 @@ def test_cookiecutter_derives_a_valid_slug_from_an_awkward_name(tmp_path: Path, 
 )
 def test_ctrl_c_leaves_nothing(tmp_path: Path, start: Callable[[Path], Terminal], stopped: str, output: str) -> None:
     term = start(tmp_path)
-    run_session(term, {"project_name": [ENTER], "project_slug": [ENTER], "job_type": [CTRL_C]}, answer_rest=False)
+    # Pressed once the question waits for its answer, as a person would: sent the instant its text appeared,
+    # before the tool read the terminal, a Ctrl-C was once lost on a loaded machine and cookiecutter kept waiting.
+    steps: dict[str, list[Step]] = {"project_name": [ENTER], "project_slug": [ENTER], "job_type": [Pause(0.5), CTRL_C]}
+    run_session(term, steps, answer_rest=False)
     assert term.finish() != 0
     assert stopped in term.text()
     assert not (tmp_path / output).exists()
