@@ -1,0 +1,37 @@
+"""The README's `tox -e quick`: it runs, and it selects what the README says (every rule, every combination's
+generation and embedded suite, nothing that needs a live service). `tox` runs all of it too, so CI does not run
+it a second time in full: here tox builds its environment and collects its tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from matrix import ROOT, combinations, combo_id
+
+README = (ROOT / "README.md").read_text()
+
+
+def collected(command: list[str]) -> set[str]:
+    # Outside the outer tox's environment, as a person's shell would run it.
+    env = {name: value for name, value in os.environ.items() if not name.startswith(("TOX_", "VIRTUAL_ENV"))}
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return {line for line in result.stdout.splitlines() if "::" in line}
+
+
+def test_tox_quick_selects_the_rules_and_every_embedded_suite_and_nothing_live() -> None:
+    assert re.search(r"^    tox -e quick$", README, re.MULTILINE)
+    quick = collected([sys.executable, "-m", "tox", "-e", "quick", "--", "--collect-only", "-q"])
+    live = collected(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "live", "tests"]
+    )
+
+    assert not quick & live, sorted(quick & live)[:5]
+    suites = {item for item in quick if "test_kit_suite_proves_the_policy" in item}
+    for combo in combinations():
+        assert any(f"[{combo_id(combo)}-embedded" in suite for suite in suites), combo_id(combo)
+    assert all("-embedded" in suite for suite in suites)
+    assert any(item.startswith("tests/test_rules.py::") for item in quick)
