@@ -59,7 +59,7 @@ TABLE = {
     "completed": "completed",
     "held": "held",
     "abandoned": "abandoned",
-    "lost by the queue, re-sent": "lost_resent",
+    "no record in time, re-sent": "lost_resent",
     "violations": "violations",
     "seconds": "seconds",
     "throughput (operations/s)": "throughput",
