@@ -37,14 +37,20 @@ def test_there_are_thirty_combinations() -> None:
     assert len(COMBINATIONS) == 30
 
 
+def folders(kit: Path) -> set[str]:
+    return {str(path.relative_to(kit)) for path in kit.rglob("*") if path.is_dir()}
+
+
 @pytest.mark.parametrize("combo", COMBINATIONS, ids=combo_id)
 def test_no_template_syntax_survives(kits: dict[str, Path], combo: dict[str, str]) -> None:
-    files = tree(kits[combo_id(combo)])
+    kit = kits[combo_id(combo)]
+    files = tree(kit)
     assert {"POLICY.md", "README.md", "schema.sql"} <= set(files)
     for name, content in files.items():
         assert not UNRENDERED.search(name.encode()), name
         assert not UNRENDERED.search(content), name
         assert content.strip(), f"{name} is empty"
+    assert not [name for name in folders(kit) if not any((kit / name).iterdir())], "empty folders"
 
 
 @pytest.mark.parametrize("combo", COMBINATIONS, ids=combo_id)
@@ -52,6 +58,7 @@ def test_copier_renders_the_same_kit(kits: dict[str, Path], combo: dict[str, str
     by_copier = tree(with_copier(tmp_path / "kit", combo))
     recorded = yaml.safe_load(by_copier.pop(COPIER_ANSWERS))
     assert by_copier == tree(kits[combo_id(combo)])
+    assert folders(tmp_path / "kit") == folders(kits[combo_id(combo)])
     # the answers file that `copier update` needs later records every answer given
     assert {name: recorded[name] for name in answers()} == answers(**combo)
 
