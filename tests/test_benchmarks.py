@@ -65,6 +65,15 @@ def check_benchmark(out: str, broker_name: str | None) -> None:
     assert re.search(r"^   floor: the 2 statements it sent, on one raw psycopg connection", out, re.MULTILINE), out
     duplicate = r"^2\. a duplicate: .*\n   handle\(\), the same completed key \(1 statement sent\) +\d"
     assert re.search(duplicate, out, re.MULTILINE), out
+    required = (
+        r"^   the round trip with the work every duplicate must do in Python \(the payload's fingerprint, the skip's"
+        r" log line\): [\d.]+ µs, [\d.]+ times the floor; handle\(\) is [\d.]+ times that$"
+    )
+    assert re.search(required, out, re.MULTILINE), out
+    # the skips were logged as the worker logs them, to a file, and timed with it
+    kit_log = re.search(r"the kit's log: (\S+)$", out, re.MULTILINE)
+    assert kit_log and "skipped, the record is completed" in Path(kit_log[1]).read_text(), out
+    Path(kit_log[1]).unlink()
     where = {"redis": "on Redis ", "rabbitmq": "on RabbitMQ ", None: "on moto's SQS server"}[broker_name]
     assert re.search(rf"^3\. throughput of .*{re.escape(where)}", out, re.MULTILINE), out
     assert re.search(r"^   with the claim \(the kit's own\) +\d+\.\d tasks/s", out, re.MULTILINE), out
