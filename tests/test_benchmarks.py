@@ -56,20 +56,26 @@ def left_behind(database: str) -> int:
     return int(psql(f"SELECT count(*) FROM {TABLE}", database=database.rsplit("/", 1)[1]))
 
 
-def check_benchmark(out: str, broker_name: str | None) -> None:
+def check_benchmark(out: str, broker_name: str | None, one_transaction: bool) -> None:
     assert re.search(r"SQLAlchemy \S+, psycopg \S+", out), out
     assert "load average" in out and "at the end" in out, out
     verdicts = re.findall(rf"^   {VERDICT}$", out, re.MULTILINE)
     assert [(sign, goal) for sign, goal, _ in verdicts] == [("<=", "1.25"), ("<=", "1.5"), (">=", "0.85")], out
     assert re.search(r"^1\. claim \+ complete: .*\n   handle\(\), a new key each time +\d", out, re.MULTILINE), out
-    assert re.search(r"^   floor: the 2 statements it sent, on one raw psycopg connection", out, re.MULTILINE), out
-    duplicate = r"^2\. a duplicate: .*\n   handle\(\), the same completed key \(1 statement sent\) +\d"
+    # a same-database kit sends its transaction's BEGIN and COMMIT itself, and the floor replays them too
+    sent, transaction = (4, r"BEGIN, then .*, then COMMIT \(one transaction") if one_transaction else (2, "")
+    floor = rf"^   floor: the {sent} statements it sent, on one raw psycopg connection +\d.*\n     {transaction}"
+    assert re.search(floor, out, re.MULTILINE), out
+    sent = 3 if one_transaction else 1
+    duplicate = rf"^2\. a duplicate: .*\n   handle\(\), the same completed key \({sent} statements? sent\) +\d"
     assert re.search(duplicate, out, re.MULTILINE), out
     required = (
-        r"^   the round trip with the work every duplicate must do in Python \(the payload's fingerprint, the skip's"
-        r" log line\): [\d.]+ µs, [\d.]+ times the floor; handle\(\) is [\d.]+ times that$"
+        r"^   (the statements it sent, raw \(BEGIN, the round trip, COMMIT: .*\), )?(the round trip )?with the work"
+        r" every duplicate must do in Python \(the payload's fingerprint, the skip's log line\): [\d.]+ µs, [\d.]+"
+        r" times the floor; handle\(\) is [\d.]+ times that$"
     )
-    assert re.search(required, out, re.MULTILINE), out
+    found = re.search(required, out, re.MULTILINE)
+    assert found and bool(found[1]) == one_transaction, out
     # the skips were logged as the worker logs them, to a file, and timed with it
     kit_log = re.search(r"the kit's log: (\S+)$", out, re.MULTILINE)
     assert kit_log and "skipped, the record is completed" in Path(kit_log[1]).read_text(), out
@@ -77,6 +83,11 @@ def check_benchmark(out: str, broker_name: str | None) -> None:
     where = {"redis": "on Redis ", "rabbitmq": "on RabbitMQ ", None: "on moto's SQS server"}[broker_name]
     assert re.search(rf"^3\. throughput of .*{re.escape(where)}", out, re.MULTILINE), out
     assert re.search(r"^   with the claim \(the kit's own\) +\d+\.\d tasks/s", out, re.MULTILINE), out
+    if one_transaction:
+        # the effect's own transaction is the claim's: the floor of goal 3 is goal 1's, added to the bare task
+        floor = r"^   the floor here, a bare task plus goal 1's floor \([\d.]+ ms\): [\d.]+$"
+        assert re.search(floor, out, re.MULTILINE), out
+        return
     # the floor of goal 3: the kit's statements, raw, around the same effect, in the same worker
     assert re.search(r"^   floor: its statements, raw, around the effect +\d+\.\d tasks/s", out, re.MULTILINE), out
     assert re.search(r"^   the floor over bare: [\d.]+; with the claim over the floor: [\d.]+$", out, re.MULTILINE), out
@@ -100,13 +111,24 @@ def check_scale(out: str) -> None:
 
 @pytest.mark.live
 @pytest.mark.parametrize(
-    ("queue_system", "broker_name", "with_scale"),
-    [("celery", "redis", True), ("celery", "rabbitmq", False), ("sqs", None, True)],
+    ("queue_system", "effect_kind", "broker_name", "with_scale"),
+    [
+        ("celery", "external_no_reference", "redis", True),
+        ("celery", "external_no_reference", "rabbitmq", False),
+        ("sqs", "external_no_reference", None, True),
+        # the claim in the effect's own transaction: other statements, another floor
+        ("celery", "same_database", "redis", False),
+    ],
 )
 def test_benchmark_commands_print_every_goal(
-    queue_system: str, broker_name: str | None, with_scale: bool, request: pytest.FixtureRequest, tmp_path: Path
+    queue_system: str,
+    effect_kind: str,
+    broker_name: str | None,
+    with_scale: bool,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
 ) -> None:
-    kit = with_cookiecutter(tmp_path, {"queue_system": queue_system})
+    kit = with_cookiecutter(tmp_path, {"queue_system": queue_system, "effect_kind": effect_kind})
     benchmark, scale = readme_commands(kit, "The benchmark")
     assert benchmark.startswith("python benchmarks/benchmark.py") and scale.startswith("python benchmarks/scale.py")
     env = {
@@ -118,7 +140,7 @@ def test_benchmark_commands_print_every_goal(
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     with postgres_database(run_name(request)) as database, broker(broker_name, run_name(request)) as queue:
         env |= {"DATABASE_URL": database, **queue}
-        check_benchmark(run(kit, benchmark, env), broker_name)
+        check_benchmark(run(kit, benchmark, env), broker_name, effect_kind == "same_database")
         assert left_behind(database) == 0
         if with_scale:
             check_scale(run(kit, scale, env))
