@@ -106,6 +106,11 @@ def test_sidekiq_readme_commands_run_as_written(request: pytest.FixtureRequest, 
         verdicts = r"ratio \d+\.\d\d \(goal [<>]= [\d.]+\): (PASS|MISS)"
         figures = run(f"{benchmark} --operations 100 --jobs 20 --rounds 1").stdout
         assert len(re.findall(verdicts, figures)) == 3, figures
+        # a duplicate's floor, and the work any duplicate must do besides: the kit's own skip line among it
+        required = r"the skip's log line\): [\d.]+ µs, [\d.]+ times the floor; the job's perform is [\d.]+ times that"
+        assert re.search(required, figures), figures
+        benchmark_log = re.search(r"the log: (\S+)$", figures, re.MULTILINE)
+        assert benchmark_log and "skipped: already completed" in Path(benchmark_log[1]).read_text(), figures
         assert status() == "", "the benchmark left records behind"
         figures = run(f"{scale} --rows 20000 --backlog 2000 --stale 500 --samples 20").stdout
         assert len(re.findall(verdicts, figures)) == 8, figures
