@@ -64,7 +64,7 @@ def check_benchmark(out: str, broker_name: str | None, one_transaction: bool) ->
     assert re.search(r"^1\. claim \+ complete: .*\n   handle\(\), a new key each time +\d", out, re.MULTILINE), out
     # a same-database kit sends its transaction's BEGIN and COMMIT itself, and the floor replays them too
     sent, transaction = (4, r"BEGIN, then .*, then COMMIT \(one transaction") if one_transaction else (2, "")
-    floor = rf"^   floor: the {sent} statements it sent, on one raw psycopg connection +\d.*\n     {transaction}"
+    floor = rf"^   floor: the {sent} statements it sent, raw, on the kit's connection +\d.*\n     {transaction}"
     assert re.search(floor, out, re.MULTILINE), out
     sent = 3 if one_transaction else 1
     duplicate = rf"^2\. a duplicate: .*\n   handle\(\), the same completed key \({sent} statements? sent\) +\d"
