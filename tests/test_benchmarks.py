@@ -80,6 +80,8 @@ def check_benchmark(out: str, broker_name: str | None, one_transaction: bool) ->
     kit_log = re.search(r"the kit's log: (\S+)$", out, re.MULTILINE)
     assert kit_log and "skipped, the record is completed" in Path(kit_log[1]).read_text(), out
     Path(kit_log[1]).unlink()
+    # the floor's statements, saved for the worker, are removed with it; the logs stay, for a person to read
+    assert not Path(kit_log[1].replace("-kit.log", "-floor.json")).exists(), out
     where = {"redis": "on Redis ", "rabbitmq": "on RabbitMQ ", None: "on moto's SQS server"}[broker_name]
     assert re.search(rf"^3\. throughput of .*{re.escape(where)}", out, re.MULTILINE), out
     assert re.search(r"^   with the claim \(the kit's own\) +\d+\.\d tasks/s", out, re.MULTILINE), out
