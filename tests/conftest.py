@@ -1,5 +1,7 @@
 import os
+import shutil
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,19 @@ def pytest_configure(config: Any) -> None:
         if hasattr(config.option, "testrunuid"):
             config.option.testrunuid = run_id
         os.environ["PYTEST_XDIST_TESTRUNUID"] = run_id
+        # A temporary folder of the run's own, for every process it starts (pytest's workers too), removed at
+        # the end: cookiecutter writes each hook it runs to a temporary file and never removes it
+        # (cookiecutter/cookiecutter#886), two files per kit generated.
+        os.environ["TMPDIR"] = tempfile.mkdtemp(prefix=f"replay-matrix-{run_id[:8]}-")
+        tempfile.tempdir = None  # read TMPDIR again
+
+
+def pytest_unconfigure(config: Any) -> None:
+    """The run's temporary folder goes, with what was left in it."""
+    if not hasattr(config, "workerinput"):
+        folder = os.environ.get("TMPDIR", "")
+        if Path(folder).name.startswith("replay-matrix-"):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_collection_finish(session: Any) -> None:
