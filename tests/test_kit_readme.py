@@ -28,6 +28,14 @@ COMBO = {"queue_system": "sidekiq", "effect_kind": "external_no_reference", "sta
 KEY = "ORD-1001"
 
 
+# goal 3's floor: the kit's statements, raw, around the same effect, in the same sidekiq process
+THROUGHPUT_FLOOR = re.compile(
+    r"^   floor: its statements, raw, around the effect +\d+\.\d jobs/s.*\n(.*\n)*"
+    r"   the floor over bare: [\d.]+; with the claim over the floor: [\d.]+$",
+    re.MULTILINE,
+)
+
+
 def until(what: str, check: Callable[[], bool], seconds: float = 30) -> None:
     deadline = time.monotonic() + seconds
     while not check():
@@ -111,6 +119,7 @@ def test_sidekiq_readme_commands_run_as_written(request: pytest.FixtureRequest, 
         assert re.search(required, figures), figures
         benchmark_log = re.search(r"the log: (\S+)$", figures, re.MULTILINE)
         assert benchmark_log and "skipped: already completed" in Path(benchmark_log[1]).read_text(), figures
+        assert THROUGHPUT_FLOOR.search(figures), figures
         assert status() == "", "the benchmark left records behind"
         figures = run(f"{scale} --rows 20000 --backlog 2000 --stale 500 --samples 20").stdout
         assert len(re.findall(verdicts, figures)) == 8, figures
@@ -126,3 +135,26 @@ def test_sidekiq_readme_commands_run_as_written(request: pytest.FixtureRequest, 
     assert result.returncode == 0, result.stdout[-4000:]
     # the reports show the last soak beside the seven cases
     assert "The soak of 300 operations found no violation." in (kit / "replay-report.md").read_text()
+
+
+@pytest.mark.live
+def test_sidekiq_same_database_benchmark_runs_as_written(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """The same-database kit's benchmark, whose claim runs inside the job's ActiveRecord transaction (Claims::Guest):
+    every goal printed, the duplicate's work inside that transaction, the throughput floor, and nothing left."""
+    kit = with_cookiecutter(tmp_path, COMBO | {"effect_kind": "same_database"})
+    benchmark = shlex.join(shlex.split(readme_commands(kit, "The benchmark")[0], comments=True))
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    with postgres_database(run_name(request)) as database, redis_database() as redis:
+        env |= {"DATABASE_URL": database, "REDIS_URL": redis}
+        for command in ("bundle install --local", f"{benchmark} --operations 100 --jobs 20 --rounds 1"):
+            result = subprocess.run(command, shell=True, cwd=kit, env=env, capture_output=True, text=True, timeout=300)
+            assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+        figures = result.stdout
+        assert len(re.findall(r"ratio \d+\.\d\d \(goal [<>]= [\d.]+\): (PASS|MISS)", figures)) == 3, figures
+        assert "floor: the 2 statements, raw, in one commit" in figures, figures
+        assert "perform, the same completed key (3 statements)" in figures, figures
+        assert re.search(r"the round trip in the claim's own transaction \(BEGIN, COMMIT: .*\): [\d.]+ µs", figures)
+        assert THROUGHPUT_FLOOR.search(figures), figures
+        table = database.rsplit("/", 1)[1]
+        for rows in ("handled_operations", "send_confirmation_effects"):
+            assert psql(f"SELECT count(*) FROM {rows}", database=table).strip() == "0", f"{rows} left behind"
