@@ -4,7 +4,8 @@ The app (tests/rails_host) has its own connection to PostgreSQL, its own table, 
 kit, beside the app, is installed, migrated (the app's own `db:migrate`), run on the app's own Sidekiq and
 given one operation with the commands of its README's section "In a Rails app", as written. Its replay suite
 then runs inside the app (REPLAY_HOST_APP), on real sidekiq processes that boot the app. Afterwards the app's
-data and connection are as they were.
+data and connection are as they were. A same-database kit, whose claim runs in the job's transaction on the app's
+own connection, runs its replay suite inside the app too.
 """
 
 from __future__ import annotations
@@ -112,3 +113,39 @@ def test_kit_inside_an_existing_rails_app(request: pytest.FixtureRequest, tmp_pa
             "puts Customer.pluck(:name).inspect"
         )
         assert run(stack, ["bin/rails", "runner", probe], app, env).split() == [name, "true", '["Ada"]']
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("stack", ruby_stacks.STACKS)
+def test_same_database_kit_inside_an_existing_rails_app(
+    request: pytest.FixtureRequest, tmp_path: Path, stack: str
+) -> None:
+    """The claim, the effect's row and the completion in one transaction of the app's own connection: installed
+    and migrated as the README says, then the replay suite inside the app, on real sidekiq processes."""
+    require_stack(stack)
+    combo = COMBO | {"effect_kind": "same_database"}
+    app = tmp_path / "host_app"
+    shutil.copytree(HOST, app)
+    kit = with_cookiecutter(tmp_path, combo)
+    install, migrate, _, _ = (line.split() for line in readme_commands(kit, "In a Rails app"))
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "REPLAY_HOST_APP")}
+    with postgres_database(run_name(request)) as database, redis_database() as redis:
+        env |= {"DATABASE_URL": database, "REDIS_URL": redis}
+        for step in (["bundle", "install", "--local"], ["bin/rails", "db:migrate"], install, migrate):
+            run(stack, step, app, env)
+        tables = psql("SELECT tablename FROM pg_tables WHERE schemaname = 'public'", database=database.rsplit("/")[-1])
+        assert {"customers", "handled_operations", "send_confirmation_effects"} <= set(tables.split())
+
+        suite_env = env | {"REPLAY_HOST_APP": str(app)}
+        result = subprocess.run(
+            ruby_stacks.command(stack, ["rspec"], kit, suite_env),
+            cwd=kit,
+            env=suite_env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
+        # the guest's spec ran: on PostgreSQL, inside the app, duplicates in the job's transaction scan nothing
+        assert "keeps duplicates on the unique index inside the job's transaction" in result.stdout
+        assert_report(kit, combo, "live")
