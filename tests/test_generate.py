@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import os
 import re
 import shlex
 import sqlite3
@@ -160,7 +161,13 @@ def run_generate(readme_command: str, cwd: Path) -> subprocess.CompletedProcess[
     assert argv[:2] == ["python", "tests/generate_kit.py"], argv
     # tox runs it from the template's root; here from an empty folder, so build/ is this test's own
     argv = [sys.executable, str(ROOT / argv[1]), *argv[2:]]
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120)
+    # a temporary folder of its own, which the run must leave as it found it
+    temporary = cwd / "tmp"
+    temporary.mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(temporary)}
+    result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert not any(temporary.iterdir()), f"left in the temporary folder: {sorted(temporary.iterdir())}"
+    return result
 
 
 def test_the_readme_generate_commands_write_a_fresh_kit_and_say_where(tmp_path: Path) -> None:
