@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +26,22 @@ class GenerationFailed(Exception):
         self.message = message
 
 
+@contextlib.contextmanager
+def hook_files_in(folder: Path) -> Iterator[None]:
+    """cookiecutter writes each hook it runs to a temporary file and never removes it (cookiecutter#886):
+    meanwhile they go to folder, to be removed with it (absolute: cookiecutter runs hooks inside the kit)."""
+    before, tempfile.tempdir = tempfile.tempdir, str(folder.resolve())
+    try:
+        yield
+    finally:
+        tempfile.tempdir = before
+
+
 def with_cookiecutter(output_dir: Path, answers: dict[str, Any]) -> Path:
-    """Bakes a kit in output_dir; returns its folder."""
+    """Bakes a kit in output_dir, leaving nothing in the temporary folder; returns its folder."""
     stderr = io.StringIO()
     try:
-        with contextlib.redirect_stderr(stderr):
+        with tempfile.TemporaryDirectory() as hooks, hook_files_in(Path(hooks)), contextlib.redirect_stderr(stderr):
             folder = cookiecutter(str(ROOT), no_input=True, output_dir=str(output_dir), extra_context=answers)
     except (CookiecutterException, ValueError) as error:
         raise GenerationFailed(stderr.getvalue() + str(error)) from error

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from cookiecutter.exceptions import CookiecutterException
 from cookiecutter.main import cookiecutter
-
-ROOT = Path(__file__).resolve().parent.parent
+from generate import hook_files_in
+from matrix import ROOT
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,16 +32,12 @@ def main(argv: list[str] | None = None) -> int:
 
     args.output.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".generating-", dir=args.output) as scratch:
-        # cookiecutter writes each hook it runs to a temporary file and leaves it there (cookiecutter#886):
-        # in the scratch folder they go with it
-        tempfile.tempdir = str(Path(scratch).resolve())  # absolute: cookiecutter runs hooks in the kit
         try:
-            made = Path(cookiecutter(str(ROOT), no_input=True, output_dir=scratch, extra_context=given))
+            with hook_files_in(Path(scratch)):
+                made = Path(cookiecutter(str(ROOT), no_input=True, output_dir=scratch, extra_context=given))
         except CookiecutterException as error:
             print(error, file=sys.stderr)  # our one line, e.g. "replay-matrix: lease_seconds: ..."
             return 1
-        finally:
-            tempfile.tempdir = None
         kit = args.output / made.name
         if kit.exists() and not args.replace:
             print(

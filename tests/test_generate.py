@@ -206,3 +206,17 @@ def test_generate_refuses_a_bad_answer_with_our_line(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.strip() == f"replay-matrix: {problem(answers(lease_seconds=5))}"
     assert not any((tmp_path / "build").iterdir())
+
+
+def test_kit_requirements_lists_what_every_kit_needs_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    # tox runs it before pytest, so before the run's own temporary folder: it must clean up after cookiecutter
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    listing = tmp_path / "kit-requirements.txt"
+    env = {**os.environ, "TMPDIR": str(temporary)}
+    command = [sys.executable, str(ROOT / "tests" / "kit_requirements.py"), str(listing)]
+    subprocess.run(command, env=env, check=True, timeout=300)
+    assert not any(temporary.iterdir()), f"left in the temporary folder: {sorted(temporary.iterdir())}"
+    requirements = listing.read_text().splitlines()
+    assert any(line.startswith("celery") for line in requirements)
+    assert not any(line.startswith("order_confirmation") for line in requirements)  # the kit itself is not one
