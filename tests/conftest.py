@@ -20,7 +20,8 @@ def pytest_configure(config: Any) -> None:
         os.environ["PYTEST_XDIST_TESTRUNUID"] = run_id
         # A temporary folder of the run's own, for every process it starts (pytest's workers too), removed at
         # the end: cookiecutter writes each hook it runs to a temporary file and never removes it
-        # (cookiecutter/cookiecutter#886), two files per kit generated.
+        # (cookiecutter/cookiecutter#886). generate.with_cookiecutter cleans up after itself; cookiecutter run from
+        # its command line (test_interactive) or through cruft (test_questions, test_regenerate) does not.
         os.environ["TMPDIR"] = tempfile.mkdtemp(prefix=f"replay-matrix-{run_id[:8]}-")
         tempfile.tempdir = None  # read TMPDIR again
 
