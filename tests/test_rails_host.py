@@ -146,6 +146,8 @@ def test_same_database_kit_inside_an_existing_rails_app(
             timeout=900,
         )
         assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
-        # the guest's spec ran: on PostgreSQL, inside the app, duplicates in the job's transaction scan nothing
-        assert "keeps duplicates on the unique index inside the job's transaction" in result.stdout
+        # the guest's spec ran: on PostgreSQL, inside the app, the job's statements in its transaction scan nothing
+        assert (
+            "keeps claims, completions and duplicates on the unique index inside the job's transaction" in result.stdout
+        )
         assert_report(kit, combo, "live")
