@@ -1,7 +1,8 @@
-{%- from "replay_matrix.jinja" import kind, max_key_length with context -%}
+{%- from "replay_matrix.jinja" import kind, max_key_length, states with context -%}
 {%- set t = cookiecutter.record_table -%}
--- The record of handled operations for {{ cookiecutter.job_type }}: one row per operation key that a run has
--- claimed. Runs as it is on PostgreSQL and on SQLite; the migration in db/migrate/ matches it.
+-- The record of handled operations for {{ cookiecutter.job_type }}: one row per operation key, written when the
+-- app sends it through the kit's producer (queued), or when a run first claims it. Runs as it is on PostgreSQL
+-- and on SQLite; the migrations in db/migrate/ match it.
 --
 -- The claim is `INSERT ... ON CONFLICT (job_type, operation_key) DO NOTHING RETURNING claim_token`: a returned
 -- row means this run owns the work. Timestamps have no default because they come from the database's own
@@ -15,20 +16,23 @@ CREATE TABLE {{ t }} (
     -- the message's details as JSON, so that the sweeper can act as a redelivery would (resend, lookup)
     -- when none comes; NULL where the job rebuilds them from the key
     payload             TEXT,
-    -- claimed: a run owns it | completed: done | held: waits for a person |
-    -- abandoned: given up for good | released: a person allowed one more attempt
+{%- for name, state in states.items() %}
+    -- {{ name }}: {{ state.meaning|wordwrap(100, wrapstring="\n    --   ") }}
+{%- endfor %}
     status              VARCHAR(16)  NOT NULL DEFAULT 'claimed',
     -- new on every claim and takeover: completion and takeover compare it, so a slow original run
     -- cannot overwrite a newer claim and two late redeliveries cannot both take over
     claim_token         VARCHAR(36)  NOT NULL,
+    -- 0 while queued; each claim and takeover adds one
     attempt             INTEGER      NOT NULL DEFAULT 1,
+    -- when a run claimed it; while queued, when it was sent (the sweeper sends it again after a while)
     claimed_at          TIMESTAMP WITH TIME ZONE NOT NULL,
     completed_at        TIMESTAMP WITH TIME ZONE,
     -- why a claim was held, abandoned or taken over, and who resolved a held one, when
     note                TEXT,
     resolved_by         VARCHAR(255),
     resolved_at         TIMESTAMP WITH TIME ZONE,
-    CONSTRAINT {{ t }}_status CHECK (status IN ('claimed', 'completed', 'held', 'abandoned', 'released')),
+    CONSTRAINT {{ t }}_status CHECK (status IN ({% for name in states %}'{{ name }}'{{ ', ' if not loop.last }}{% endfor %})),
     CONSTRAINT {{ t }}_operation UNIQUE (job_type, operation_key)
 );
 
@@ -38,6 +42,10 @@ CREATE TABLE {{ t }} (
 -- unique (job_type, operation_key) index: the guards on status are written `status || '' = 'claimed'`, which no
 -- index matches, so that the planner never walks this index's claimed rows to find one key.
 CREATE INDEX {{ t }}_claimed ON {{ t }} (claimed_at) WHERE status = 'claimed';
+
+-- The sweeper's other question: which operations were sent but never claimed (a message the broker lost)? Partial
+-- as well: only queued rows are in it.
+CREATE INDEX {{ t }}_queued ON {{ t }} (claimed_at) WHERE status = 'queued';
 {%- if kind.one_transaction %}
 
 -- The effect itself: a row written in the claim's own transaction. No unique key on purpose: the replay
