@@ -1,5 +1,6 @@
 """The Celery and SQS kits' READMEs, run as written: every command of the sections "Try it out", "Install and
-run", "The sweeper", "A person's command", "Retention" and "The replay suite", in the order a user meets them,
+run", "The sweeper", "A person's command", "The status, for a monitor", "Retention", "Sending from your app: the
+record first" and "The replay suite", in the order a user meets them,
 in a fresh virtualenv, against PostgreSQL, Redis (Celery), moto's SQS server (SQS) and an SMTP sink that counts
 what arrives.
 
@@ -191,9 +192,9 @@ def try_it_out(user: User, mail: Mailbox) -> None:
     assert "6. policy `hold`: the record: held, attempt 1" in out
     # the held table: the key, the attempt, when, why, and the payload a person needs; then the count
     header = next(line for line in out.splitlines() if line.startswith("key "))
-    assert header.split() == ["key", "attempt", "claimed", "at", "note", "payload"]
+    assert header.split() == ["key", "status", "attempt", "claimed", "at", "note", "payload"]
     row = next(line for line in out.splitlines() if line.startswith(key[1] + " "))
-    assert row.split()[1] == "1" and "UTC" in row and row.endswith('{"email": "customer@example.com"}')
+    assert row.split()[1:3] == ["held", "1"] and "UTC" in row and row.endswith('{"email": "customer@example.com"}')
     assert "\n1 held\n" in out
     # the command it says to type next, typed
     resolve = next(line.strip() for line in out.splitlines() if line.startswith("    python -m "))
@@ -204,12 +205,16 @@ def try_it_out(user: User, mail: Mailbox) -> None:
 
 
 def install_run_and_resolve(user: User, queue_system: str, mail: Mailbox, database: str) -> None:
-    """The sections "Install and run", "The sweeper", "A person's command" and "Retention", against the live
-    services."""
+    """The sections "Install and run", "The sweeper", "A person's command", "The status, for a monitor",
+    "Retention" and "Sending from your app", against the live services."""
     install, migrate, *workers, send = readme_commands(user.kit, "Install and run")
     (sweep,) = readme_commands(user.kit, "The sweeper")
     held, resolve_done, resolve_release = readme_commands(user.kit, "A person's command")
+    status_command, cron_line = readme_commands(user.kit, "The status, for a monitor")
     (retain,) = readme_commands(user.kit, "Retention")
+    from_the_app = readme_commands(user.kit, "Sending from your app: the record first")
+    # the cron line's command, without its schedule (five fields)
+    probe = cron_line.split(maxsplit=5)[5]
     name = database.rsplit("/", 1)[1]
 
     def status() -> str:
@@ -221,7 +226,7 @@ def install_run_and_resolve(user: User, queue_system: str, mail: Mailbox, databa
             f"UPDATE {TABLE} SET status = 'claimed', claimed_at = claimed_at - interval '{LEASE + 1} seconds'",
             database=name,
         )
-        assert user.run(sweep).stdout == "stale claims: 1, settled: 1\n"
+        assert user.run(sweep).stdout == "stale claims: 1, settled: 1, queued sent again: 0\n"
         assert status() == "held"
 
     user.run_once(install)
@@ -244,18 +249,26 @@ def install_run_and_resolve(user: User, queue_system: str, mail: Mailbox, databa
     assert f"sent send_confirmation {KEY} to the queue send_confirmation" in user.run(send).stdout
     until("the email arrived and was completed", lambda: (received(mail, KEY), status()) == (1, "completed"))
 
+    assert user.run(status_command).stdout.splitlines()[-1] == "ok: nothing waits for a person or sits past its time"
+    assert user.run(probe).stdout == ""
+
     held_after_the_lease()
+    # the monitor's status fails, and the cron line prints (cron mails it)
+    waiting = user.run(status_command, check=False)
+    assert (waiting.returncode, waiting.stdout.splitlines()[-1]) == (1, "attention: 1 held"), waiting
+    assert user.run(probe).stdout == "send_confirmation needs attention: operations status\n"
     listed = user.run(held).stdout.splitlines()
-    assert listed[0].split() == ["key", "attempt", "claimed", "at", "note", "payload"], listed
+    assert listed[0].split() == ["key", "status", "attempt", "claimed", "at", "note", "payload"], listed
     assert listed[1].startswith(f"{KEY} ") and listed[1].endswith('{"email": "customer@example.com"}'), listed
     assert listed[2:] == ["1 held"], listed
     assert "completed by alice" in user.run(resolve_done).stdout
     assert (status(), received(mail, KEY)) == ("completed", 1)
 
     held_after_the_lease()
-    assert "released for one more attempt by alice" in user.run(resolve_release).stdout
-    user.run(send)  # the message again, as the README says after --release
+    # one more attempt: queued again and sent by the command itself
+    assert "released for one more attempt by alice; sent again: message " in user.run(resolve_release).stdout
     until("it was sent again and completed", lambda: (received(mail, KEY), status()) == (2, "completed"))
+    assert user.run(status_command).returncode == 0
     assert b"Traceback" not in worker_log.read_bytes()
 
     # the record is minutes old: kept; completed 31 days ago, it goes
@@ -264,6 +277,22 @@ def install_run_and_resolve(user: User, queue_system: str, mail: Mailbox, databa
     psql(f"UPDATE {TABLE} SET completed_at = completed_at - interval '{int(days) + 1} days'", database=name)
     assert user.run(retain).stdout == f"deleted 1 completed records of send_confirmation older than {days} days\n"
     assert status() == ""
+
+    # the producer, from the app's code as the README shows it: the record, then the message; the same operation
+    # asked for again in the app's Session goes after its commit, and its claim skips it
+    app_code = [
+        "from sqlalchemy.orm import Session",
+        "from order_confirmation.claims import default_store",
+        "session = Session(default_store().engine)",
+        *from_the_app,
+        "session.commit()",
+    ]
+    skipped = b"skipped, the record is completed"
+    skips = worker_log.read_bytes().count(skipped)
+    user.run("python - <<'EOF'\n" + "\n".join(app_code) + "\nEOF")
+    until("the app's operation was performed once", lambda: (received(mail, KEY), status()) == (3, "completed"))
+    until("the copy sent after the commit was skipped", lambda: worker_log.read_bytes().count(skipped) > skips)
+    assert received(mail, KEY) == 3
 
 
 def the_replay_suite(user: User) -> None:
