@@ -59,7 +59,7 @@ TABLE = {
     "completed": "completed",
     "held": "held",
     "abandoned": "abandoned",
-    "no record in time, re-sent": "lost_resent",
+    "lost by the queue, sent again": "lost_resent",
     "violations": "violations",
     "seconds": "seconds",
     "throughput (operations/s)": "throughput",
