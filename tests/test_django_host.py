@@ -147,6 +147,21 @@ def test_kit_inside_a_django_project(request: pytest.FixtureRequest, tmp_path: P
                     assert process.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
                     assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
                     time.sleep(0.2)
+                # the producer in the project's transaction: rolled back, neither record nor message; committed, both
+                for key, end in (("ORD-ROLLED-BACK", "transaction.set_rollback(True)"), ("ORD-COMMITTED", "pass")):
+                    code = (
+                        f"from django.db import transaction\nfrom {slug}.django_app.producer import enqueue\n"
+                        f"with transaction.atomic():\n    enqueue('{key}', {{'email': 'customer@example.com'}})\n"
+                        f"    {end}\n"
+                    )
+                    run(f"python manage.py shell -c {shlex.quote(code)}")
+                committed = f"SELECT status FROM {TABLE} WHERE operation_key = 'ORD-COMMITTED'"
+                deadline = time.monotonic() + 60
+                while (len(mail.received), psql(committed, database=name).strip()) != (2, "completed"):
+                    assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
+                    time.sleep(0.2)
+                rolled_back = f"SELECT count(*) FROM {TABLE} WHERE operation_key = 'ORD-ROLLED-BACK'"
+                assert psql(rolled_back, database=name).strip() == "0"
             finally:
                 os.killpg(process.pid, signal.SIGTERM)
                 process.wait(timeout=60)
