@@ -1,6 +1,8 @@
 """The Sidekiq kit's README, run as written: every command of its sections "On its own", "A person's task",
-"Retention", "The replay suite", "The benchmark" (with small sizes) and "The soak" (the short one), in the order a
-user meets them, against PostgreSQL, Redis, a real sidekiq process and an SMTP sink that counts what arrives.
+"The status, for a monitor", "Retention", "Sending from your app: the record first", "The replay suite", "The
+benchmark" (with small sizes) and "The soak" (the short one), in the order a user meets them (the app's send after
+retention, which counts the records), against PostgreSQL, Redis, a real sidekiq process and an SMTP sink that
+counts what arrives.
 
 (The section "In a Rails app" runs in tests/test_rails_host.py. `bundle install` finds the gems already on the
 machine: the test first runs `bundle install --local`, which the README gives for offline use, since RubyGems
@@ -48,6 +50,9 @@ def test_sidekiq_readme_commands_run_as_written(request: pytest.FixtureRequest, 
     kit = with_cookiecutter(tmp_path, COMBO)
     install, migrate, worker, enqueue = readme_commands(kit, "On its own")
     held_list, resolve_done, resolve_again = readme_commands(kit, "A person's task")
+    status_command, cron_line = readme_commands(kit, "The status, for a monitor")
+    probe = cron_line.split(maxsplit=5)[5]  # the cron line's command, without its schedule (five fields)
+    (from_the_app,) = readme_commands(kit, "Sending from your app: the record first")
     (retain,) = readme_commands(kit, "Retention")
     (suite,) = readme_commands(kit, "The replay suite")
     short_soak, _ = readme_commands(kit, "The soak")  # the long one runs in tests/test_soak.py
@@ -84,9 +89,21 @@ def test_sidekiq_readme_commands_run_as_written(request: pytest.FixtureRequest, 
         try:
             assert f"enqueued send_confirmation {KEY}" in run(enqueue).stdout
             until("the email arrived and was completed", lambda: (len(mail.received), status()) == (1, "completed"))
+            # the same key again: known, nothing written or sent
+            again = run(enqueue).stdout.splitlines()
+            assert again[-1] == f"send_confirmation {KEY}: known, not sent again" and "INFO" in again[0], again
+            ok = run(status_command).stdout.splitlines()
+            assert ok[-1] == "ok: nothing waits for a person or sits past its time", ok
+            assert re.fullmatch(r"completed +1  \d+s", ok[3]), ok
+            assert run(probe).stdout == ""
 
             held_after_the_lease()
-            assert KEY in run(held_list).stdout
+            listed = run(held_list).stdout.splitlines()
+            assert KEY in listed[0] and "\theld\t" in listed[0] and listed[-1] == "1 held", listed
+            # the monitor's status fails, and the cron line prints (cron mails it)
+            waiting = run(status_command, check=False)
+            assert waiting.returncode == 1 and waiting.stdout.splitlines()[-1] == "attention: 1 held", waiting.stdout
+            assert run(probe).stdout == "send_confirmation needs attention: rake order_confirmation:status\n"
             missing = run("bundle exec rake order_confirmation:held:resolve DONE=yes", check=False)
             assert missing.returncode != 0 and "KEY is missing: pass the order_reference" in missing.stderr
             run(resolve_done)
@@ -107,6 +124,14 @@ def test_sidekiq_readme_commands_run_as_written(request: pytest.FixtureRequest, 
             deleted = run(retain).stdout
             assert "1 completed record(s) of send_confirmation older than 30 days deleted" in deleted
             assert status() == ""
+
+            # the app's send, in its transaction, as the README shows it: the record, then the message after the commit,
+            # from a Ruby process standing for the app (its ActiveRecord connected, as an app's is)
+            app = f'ActiveRecord::Base.establish_connection(ENV.fetch("DATABASE_URL")); {from_the_app}'
+            run(f"bundle exec ruby -r ./lib/order_confirmation.rb -e {shlex.quote(app)}")
+            until("the app's operation was performed once", lambda: (len(mail.received), status()) == (3, "completed"))
+            assert run(status_command).returncode == 0
+            psql(f"DELETE FROM handled_operations WHERE operation_key = '{KEY}'", database=table)  # the benchmark's check
         finally:
             os.killpg(sidekiq.pid, signal.SIGTERM)
             sidekiq.wait(timeout=30)
