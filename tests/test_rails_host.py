@@ -61,6 +61,7 @@ def test_kit_inside_an_existing_rails_app(request: pytest.FixtureRequest, tmp_pa
         assert [re.sub(r"\A20\d{12}_", "", migration.name) for migration in migrations] == [
             "create_handled_operations.rb",
             "index_claimed_handled_operations.rb",
+            "queued_and_failed_handled_operations.rb",
         ]
         for migration in migrations:
             assert f"ActiveRecord::Migration[{version.strip()}]" in migration.read_text()
@@ -72,12 +73,19 @@ def test_kit_inside_an_existing_rails_app(request: pytest.FixtureRequest, tmp_pa
         applied = psql("SELECT version FROM schema_migrations ORDER BY version", database=name).split()
         assert applied == ["20240101000000", *(migration.name[:14] for migration in migrations)]
         indexes = psql("SELECT indexname FROM pg_indexes WHERE tablename = 'handled_operations'", database=name)
-        assert set(indexes.split()) == {"handled_operations_operation", "handled_operations_claimed"}
+        assert set(indexes.split()) == {
+            "handled_operations_operation",
+            "handled_operations_claimed",
+            "handled_operations_queued",
+        }
         assert run(stack, ["bin/rails", "zeitwerk:check"], app, env).rstrip().endswith("All is good!")
         tasks = run(stack, ["bin/rails", "-T", "order_confirmation"], app, env)
-        assert {"order_confirmation:enqueue", "order_confirmation:sweep", "order_confirmation:held:list"} <= set(
-            re.findall(r"order_confirmation:[\w:]+", tasks)
-        )
+        assert {
+            "order_confirmation:enqueue",
+            "order_confirmation:sweep",
+            "order_confirmation:held:list",
+            "order_confirmation:status",
+        } <= set(re.findall(r"order_confirmation:[\w:]+", tasks))
 
         # The app's own Sidekiq runs the job: one operation enqueued, one email at the sink, the record completed.
         app_worker = ruby_stacks.command(stack, worker, app, env)
@@ -89,6 +97,10 @@ def test_kit_inside_an_existing_rails_app(request: pytest.FixtureRequest, tmp_pa
             while (len(mail.received), psql(done, database=name).strip()) != (1, "completed"):
                 assert time.monotonic() < deadline, "the app's sidekiq did not perform the enqueued operation"
                 time.sleep(0.2)
+            # the monitor's status, as the app runs it: every state, and nothing waits
+            status = run(stack, ["bin/rails", "order_confirmation:status"], app, env).splitlines()
+            assert status[-1] == "ok: nothing waits for a person or sits past its time", status
+            assert re.fullmatch(r"completed +1  \d+s", status[3]), status
         finally:
             os.killpg(sidekiq.pid, signal.SIGTERM)
             sidekiq.wait(timeout=60)
