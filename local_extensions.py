@@ -67,7 +67,8 @@ class ReplayMatrix(Extension):
     def __init__(self, environment: Environment) -> None:
         super().__init__(environment)
         macros = replay_matrix_macros()
-        problem = str(macros.unknown_answer(given_answers())).strip()
+        given = given_answers()
+        problem = str(macros.unknown_answer(given)).strip() or str(macros.given_problem(given)).strip()
         answers = answers_being_generated()
         if not problem and answers is not None:
             problem = str(macros.first_problem(answers)).strip()

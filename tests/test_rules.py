@@ -35,7 +35,11 @@ BAD_ANSWERS = [
     ("project_slug", "module", "is a reserved word in Ruby"),
     ("project_name", "", "must be one line of text"),
     ("example_key", "", "must be one line of text"),
-    ("example_key", "K" * 256, "is longer than the 255 the record table holds"),
+    ("example_key", "K" * 256, "is 256 columns wide; at most 40 fit the lines it lands on"),
+    ("example_key", "ORD {{ x }}", "holds Jinja's {{, which cookiecutter would read as a template"),
+    ("project_name", "Tab\there", "must be one line of text without leading or trailing spaces, control characters"),
+    ("effect_description", "send \u202eliame", "control characters or direction marks"),
+    ("other_example_key", "注文" * 11, "is 44 columns wide; at most 40"),
     ("other_example_key", "ORD-1001", "is the same as example_key"),
 ]
 NOT_INTEGERS = [("lease_seconds", "ten minutes"), ("longest_run_seconds", "1.5")]
