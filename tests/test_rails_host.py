@@ -129,6 +129,60 @@ def test_kit_inside_an_existing_rails_app(request: pytest.FixtureRequest, tmp_pa
 
 @pytest.mark.live
 @pytest.mark.parametrize("stack", ruby_stacks.STACKS)
+def test_install_brings_an_earlier_revision_of_the_kit_up_to_date(
+    request: pytest.FixtureRequest, tmp_path: Path, stack: str
+) -> None:
+    """An app that holds the kit at its second revision (migrations 1 and 2 applied, not 3; an earlier job; its
+    own effect): the README's install line, run again, writes the third migration after the app's migrations and
+    the kit's changed files, and keeps the app's effect; the app's db:migrate applies it; once more, it writes
+    nothing."""
+    require_stack(stack)
+    app = tmp_path / "host_app"
+    shutil.copytree(HOST, app)
+    kit = with_cookiecutter(tmp_path, COMBO)
+    install, migrate, _, _ = (line.split() for line in readme_commands(kit, "In a Rails app"))
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "REPLAY_HOST_APP")}
+    problem = ["bin/rails", "runner", "puts OrderConfirmation::DatabaseCheck.problem.inspect"]
+    with postgres_database(run_name(request)) as database:
+        env["DATABASE_URL"] = database
+        name = database.rsplit("/", 1)[1]
+        run(stack, ["bundle", "install", "--local"], app, env)
+        run(stack, install, app, env)
+        # the app as the kit's second revision left it
+        next((app / "db/migrate").glob("*_queued_and_failed_handled_operations.rb")).unlink()
+        job = app / "app/sidekiq/order_confirmation/send_confirmation_job.rb"
+        job.write_text(job.read_text() + "# an earlier revision\n")
+        effect = app / "app/sidekiq/order_confirmation/effect.rb"
+        effect.write_text(effect.read_text() + "# the app's own\n")
+        run(stack, migrate, app, env)
+        assert "not migrated to revision 3" in run(stack, problem, app, env)
+        applied = psql("SELECT version FROM schema_migrations ORDER BY version", database=name).split()
+
+        upgraded = run(stack, install, app, env).splitlines()
+        third = [path.name for path in (app / "db/migrate").glob("*_queued_and_failed_handled_operations.rb")]
+        assert len(third) == 1 and third[0][:14] > applied[-1], (third, applied)
+        assert upgraded[:-1] == [
+            "updated app/sidekiq/order_confirmation/send_confirmation_job.rb",
+            f"wrote db/migrate/{third[0]}",
+            "kept app/sidekiq/order_confirmation/effect.rb, the app's own: compare it with the kit's"
+            " lib/order_confirmation/effect.rb",
+        ], upgraded
+        assert "an earlier revision" not in job.read_text() and "the app's own" in effect.read_text()
+
+        run(stack, migrate, app, env)
+        assert psql("SELECT version FROM schema_migrations ORDER BY version", database=name).split() == [
+            *applied,
+            third[0][:14],
+        ]
+        assert run(stack, problem, app, env).strip() == "nil"
+        files = sorted(str(path) for path in app.rglob("*") if path.is_file() and "tmp" not in path.parts)
+        again = run(stack, install, app, env)
+        assert "nothing to write" in again and "wrote" not in again and "updated" not in again, again
+        assert sorted(str(path) for path in app.rglob("*") if path.is_file() and "tmp" not in path.parts) == files
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("stack", ruby_stacks.STACKS)
 def test_same_database_kit_inside_an_existing_rails_app(
     request: pytest.FixtureRequest, tmp_path: Path, stack: str
 ) -> None:
