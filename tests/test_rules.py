@@ -30,7 +30,7 @@ BAD_ANSWERS = [
     ("operation_key_name", "Order_Reference", "is not a lower-case identifier"),
     ("operation_key_name", "elsif", "is a reserved word in Ruby"),
     ("record_table", "order", "is a reserved word in SQL"),
-    ("record_table", "x" * 64, "is not a lower-case identifier"),
+    ("record_table", "x" * 31, "is not a lower-case identifier"),
     ("project_slug", "my-kit", "is not a lower-case identifier"),
     ("project_slug", "module", "is a reserved word in Ruby"),
     ("project_name", "", "must be one line of text"),
