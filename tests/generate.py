@@ -37,12 +37,25 @@ def hook_files_in(folder: Path) -> Iterator[None]:
         tempfile.tempdir = before
 
 
+def settings_in(folder: Path) -> dict[str, str]:
+    """cookiecutter's settings for one run: its replay file (which it always writes, by default to
+    ~/.cookiecutter_replay) and its clones go to folder, to be removed with it; the user's ~/.cookiecutterrc is
+    not read, so its default_context cannot change an answer unseen."""
+    return {"replay_dir": str(folder / "replay"), "cookiecutters_dir": str(folder / "clones")}
+
+
 def with_cookiecutter(output_dir: Path, answers: dict[str, Any]) -> Path:
-    """Bakes a kit in output_dir, leaving nothing in the temporary folder; returns its folder."""
+    """Bakes a kit in output_dir, leaving nothing in the temporary folder or the home folder; returns its folder."""
     stderr = io.StringIO()
     try:
-        with tempfile.TemporaryDirectory() as hooks, hook_files_in(Path(hooks)), contextlib.redirect_stderr(stderr):
-            folder = cookiecutter(str(ROOT), no_input=True, output_dir=str(output_dir), extra_context=answers)
+        with tempfile.TemporaryDirectory() as scratch, hook_files_in(Path(scratch)), contextlib.redirect_stderr(stderr):
+            folder = cookiecutter(
+                str(ROOT),
+                no_input=True,
+                output_dir=str(output_dir),
+                extra_context=answers,
+                default_config=settings_in(Path(scratch)),
+            )
     except (CookiecutterException, ValueError) as error:
         raise GenerationFailed(stderr.getvalue() + str(error)) from error
     return Path(folder)

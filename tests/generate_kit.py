@@ -15,8 +15,8 @@ from pathlib import Path
 
 from cookiecutter.exceptions import CookiecutterException
 from cookiecutter.main import cookiecutter
-from generate import hook_files_in
-from matrix import ROOT
+from generate import hook_files_in, settings_in
+from matrix import ROOT, facts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,15 +29,24 @@ def main(argv: list[str] | None = None) -> int:
     if malformed:
         parser.error(f"{malformed[0]!r} is not name=value (e.g. queue_system=sidekiq)")
     given = dict(answer.split("=", 1) for answer in args.answers)
+    # a misspelt choice: cookiecutter would stop with a traceback of its own before any rule of ours runs
+    refused = str(facts().given_problem(given)).strip()
+    if refused:
+        print(f"replay-matrix: {refused}", file=sys.stderr)
+        return 1
 
     args.output.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".generating-", dir=args.output) as scratch:
+        work = Path(scratch)
         try:
-            with hook_files_in(Path(scratch)):
-                made = Path(cookiecutter(str(ROOT), no_input=True, output_dir=scratch, extra_context=given))
+            with hook_files_in(work):
+                folder = cookiecutter(
+                    str(ROOT), no_input=True, output_dir=scratch, extra_context=given, default_config=settings_in(work)
+                )
         except CookiecutterException as error:
             print(error, file=sys.stderr)  # our one line, e.g. "replay-matrix: lease_seconds: ..."
             return 1
+        made = Path(folder)
         kit = args.output / made.name
         if kit.exists() and not args.replace:
             print(

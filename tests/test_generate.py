@@ -101,6 +101,31 @@ def test_policy_md_states_the_data(kits: dict[str, Path], combo: dict[str, str])
     assert ("leaves nothing behind" in text) == (combo["effect_kind"] == "same_database")
 
 
+def described(kit: Path) -> list[str]:
+    """Where a kit says what its job does: POLICY.md's row, the README's overview, both reports' first lines."""
+    policy = (kit / "POLICY.md").read_text()
+    readme = (kit / "README.md").read_text()
+    reports = [
+        (kit / "report" / name).read_text() for name in ("replay-report.md.mustache", "replay-report.html.mustache")
+    ]
+    row = next(line for line in policy.splitlines() if line.startswith("| What it does, once per operation key |"))
+    return [row, *(re.search(r"\(([^)]*)\)", text.split("The job ", 1)[1])[1] for text in reports), readme]
+
+
+def test_a_same_database_kit_says_it_writes_a_row_unless_told_otherwise(kits: dict[str, Path], tmp_path: Path) -> None:
+    email = answers()["effect_description"]
+    row = facts().effect_kinds["same_database"]["description"]
+    kit = kits[combo_id({"queue_system": "celery", "effect_kind": "same_database", "stale_claim_policy": "hold"})]
+    for place in described(kit):
+        assert row.replace("'", "&#39;") in place or row in place
+    assert email not in (kit / "POLICY.md").read_text()
+    # the user's own words stay, whatever the kind
+    given = {"effect_kind": "same_database", "effect_description": "store the invoice once"}
+    own = with_cookiecutter(tmp_path, given)
+    assert all("store the invoice once" in place for place in described(own))
+    assert row not in (own / "POLICY.md").read_text()
+
+
 @pytest.mark.parametrize("combo", COMBINATIONS, ids=combo_id)
 def test_schema_runs_on_sqlite(kits: dict[str, Path], combo: dict[str, str]) -> None:
     db = sqlite3.connect(":memory:")
@@ -161,12 +186,15 @@ def run_generate(readme_command: str, cwd: Path) -> subprocess.CompletedProcess[
     assert argv[:2] == ["python", "tests/generate_kit.py"], argv
     # tox runs it from the template's root; here from an empty folder, so build/ is this test's own
     argv = [sys.executable, str(ROOT / argv[1]), *argv[2:]]
-    # a temporary folder of its own, which the run must leave as it found it
-    temporary = cwd / "tmp"
+    # a temporary folder and a home of its own, which the run must leave as it found them (cookiecutter writes a
+    # replay file to ~/.cookiecutter_replay unless told otherwise)
+    temporary, home = cwd / "tmp", cwd / "home"
     temporary.mkdir(exist_ok=True)
-    env = {**os.environ, "TMPDIR": str(temporary)}
+    home.mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(temporary), "HOME": str(home)}
     result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     assert not any(temporary.iterdir()), f"left in the temporary folder: {sorted(temporary.iterdir())}"
+    assert not any(home.iterdir()), f"left in the home folder: {sorted(home.iterdir())}"
     return result
 
 
@@ -206,6 +234,16 @@ def test_generate_refuses_a_bad_answer_with_our_line(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.strip() == f"replay-matrix: {problem(answers(lease_seconds=5))}"
     assert not any((tmp_path / "build").iterdir())
+
+
+def test_generate_refuses_a_misspelt_choice_with_our_line(tmp_path: Path) -> None:
+    # cookiecutter itself would stop with a ValueError's traceback before any rule of ours ran
+    result = run_generate("tox -e generate -- queue_system=sidekik", tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        'replay-matrix: queue_system: "sidekik" is not one of the choices; use one of celery, sidekiq, sqs'
+    )
+    assert not (tmp_path / "build").exists() or not any((tmp_path / "build").iterdir())
 
 
 def test_kit_requirements_lists_what_every_kit_needs_and_leaves_nothing_behind(tmp_path: Path) -> None:

@@ -205,3 +205,48 @@ def test_a_plain_cookiecutter_kit_linked_as_the_readme_says_updates_cleanly(temp
     assert not git(kit, "status", "--porcelain", "--untracked-files=all").count(".rej")
     assert "Accept a rare duplicate (`resend`)" in (kit / "POLICY.md").read_text()
     assert (kit / "src" / "order_confirmation" / "consumer.py").exists()  # still the SQS kit
+
+
+def report_template_line(kit: Path, language: str) -> str:
+    """The sign-off report's "Template" line, as the kit's own report code writes it."""
+    if language == "ruby":
+        command = ["ruby", "-e", 'require "./spec/replay_report"; puts TemplateOrigin.describe(ReplayReport::KIT_ROOT)']
+    else:
+        command = [sys.executable, "-c", "from replay_reports import template_version; print(template_version())"]
+    env = {**os.environ, "PYTHONPATH": f"{kit / 'src'}{os.pathsep}{kit / 'tests'}"}
+    result = subprocess.run(command, cwd=kit, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+@pytest.mark.parametrize("queue_system", list(LANGUAGES))
+def test_the_report_names_a_commit_that_exists_or_says_why_not(
+    template: Path, tmp_path: Path, queue_system: str
+) -> None:
+    # a clone set up as the README says (a virtualenv inside it): still clean, so the commit recorded is its own
+    clone = tmp_path / "replay-matrix"
+    subprocess.run(["git", "clone", "-q", str(template), str(clone)], check=True, timeout=60)
+    (clone / ".venv" / "bin").mkdir(parents=True)
+    (clone / ".venv" / "bin" / "python").write_text("")
+    language = LANGUAGES[queue_system]
+    clean = generate("copier", clone, tmp_path / "clean", {"queue_system": queue_system})
+    recorded = copier_answers(clean)["_commit"]
+    assert git(clone, "rev-parse", f"{recorded}^{{commit}}").strip() == git(clone, "rev-parse", "HEAD").strip()
+    assert report_template_line(clean, language) == f"{clone} at {recorded}"
+
+    # a change not committed: copier commits it in a clone of its own, and records a commit found nowhere else
+    (clone / "NOTES.md").write_text("a change not yet committed\n")
+    dirty = generate("copier", clone, tmp_path / "dirty", {"queue_system": queue_system})
+    line = report_template_line(dirty, language)
+    assert line.startswith(f"{clone}, at a commit it does not hold: the template had uncommitted changes"), line
+    assert copier_answers(dirty)["_commit"] not in line
+
+    # the template moved away: said in words, not a commit
+    shutil.rmtree(clone)
+    assert report_template_line(clean, language) == (
+        f"{clone}, at a commit that cannot be checked: no template is at that path from this kit's folder"
+    )
+
+
+def copier_answers(kit: Path) -> dict[str, str]:
+    return dict(line.split(": ", 1) for line in (kit / ".copier-answers.yml").read_text().splitlines() if ": " in line)
