@@ -19,6 +19,7 @@ BAD_ANSWERS = [
     ("lease_seconds", "60", "is not greater than longest_run_seconds (90)"),
     ("lease_seconds", "90", "is not greater than longest_run_seconds (90)"),
     ("lease_seconds", "0", "is not a positive whole number of seconds"),
+    ("lease_seconds", "9", "is shorter than 10 s; a killed worker's message must be able to come back inside the lease"),
     ("longest_run_seconds", "-5", "is not a positive whole number of seconds"),
     ("job_type", "select", "is a reserved word in SQL"),
     ("job_type", "class", "is a reserved word in Python"),
