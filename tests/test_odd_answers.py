@@ -7,35 +7,57 @@ place (templates/replay_matrix.jinja: py, quoted, rb, sh, md, code_span, html, d
 
 from __future__ import annotations
 
-import ast
-import os
-import shlex
-import subprocess
-import sys
-import tomllib
 from pathlib import Path
 
+import kit_checks
 import pytest
-import yaml
-from generate import COPIER_ANSWERS, readme_commands, with_cookiecutter, with_copier
-from matrix import problem
+from generate import with_cookiecutter
+from matrix import combinations, combo_id, facts, problem
 
+# The longest identifier the rules accept: each lands in longer names (indexes, modules, classes, files) and in
+# lines that the kit's linters bound, which must hold at this length as at the defaults'.
+LONGEST = int(facts().max_identifier_length)
+
+
+def longest(name: str) -> str:
+    """name made up to the longest identifier the rules accept."""
+    return (name + "_" + "x" * LONGEST)[:LONGEST]
+
+
+# The identifiers at their longest: every one passes the rules.
+LONG_IDENTIFIERS = {
+    "project_slug": longest("odd_kit"),
+    "job_type": longest("send_odd"),
+    "operation_key_name": longest("odd_key"),
+    "record_table": longest("odd_operations"),
+}
 # The answers of issue 29, and more of the same kind: every one passes the rules.
 ODD = {
+    **LONG_IDENTIFIERS,
     "project_name": 'O\'Brien "Ä" $HOME `id` \\n %s {x} 🎉 שלום',
-    "project_slug": "odd_kit",
-    "effect_description": "send O'Brien's \"mail\" \\ {x} #{y} `z` $P %d <b>&amp;</b> *x* | [a](b) 🎉",
+    "effect_description": "send O'Brien's \"mail\" \\ {x} #{y} `z` $P %d <b>&amp;</b> *x*|[a](b)🎉",
     "example_key": 'O\'Brien "ÄÖ" 注文',
     "other_example_key": "ORD {x} #{y} \\ `z` $P",
+    # a valid pair far from the defaults (the kits' tests once expected the default lease's numbers)
+    "longest_run_seconds": "5",
+    "lease_seconds": "20",
 }
 QUEUE_SYSTEMS = ["celery", "sqs", "sidekiq"]
-# The programs the README's shell lines start with (its code blocks hold Python and settings too).
-SHELL_PROGRAMS = {"python", "pip", "celery", "alembic", "export", "cd", "aws", "bundle", "bin/rails", "ruby", "sidekiq"}
 
 
 def test_the_odd_answers_pass_every_rule() -> None:
+    assert {len(name) for name in LONG_IDENTIFIERS.values()} == {LONGEST}
     for queue_system in QUEUE_SYSTEMS:
         assert problem({**ODD, "queue_system": queue_system}) == ""
+
+
+@pytest.mark.parametrize("combo", combinations(), ids=combo_id)
+def test_every_combination_passes_its_linters_with_the_longest_identifiers(
+    combo: dict[str, str], tmp_path: Path
+) -> None:
+    """Lines that hold an identifier stay within the linters' bounds at its longest, for every combination."""
+    kit = with_cookiecutter(tmp_path, {**LONG_IDENTIFIERS, **combo})
+    kit_checks.assert_linters_pass(kit, combo["queue_system"])
 
 
 @pytest.fixture(scope="module", params=QUEUE_SYSTEMS)
@@ -48,67 +70,19 @@ def odd_kit(queue_system: str, tmp_path_factory: pytest.TempPathFactory) -> Path
     return with_cookiecutter(tmp_path_factory.mktemp("odd"), {**ODD, "queue_system": queue_system})
 
 
-def files(folder: Path) -> dict[Path, bytes]:
-    return {
-        path.relative_to(folder): path.read_bytes()
-        for path in folder.rglob("*")
-        if path.is_file() and path.name != COPIER_ANSWERS and "__pycache__" not in path.parts
-    }
-
-
 def test_both_tools_give_the_same_kit(queue_system: str, odd_kit: Path, tmp_path: Path) -> None:
-    ours = files(odd_kit)
-    theirs = files(with_copier(tmp_path / odd_kit.name, {**ODD, "queue_system": queue_system}))
-    assert sorted(ours) == sorted(theirs)
-    assert [path for path in ours if ours[path] != theirs[path]] == []
+    kit_checks.assert_copier_gives_the_same_kit(odd_kit, {**ODD, "queue_system": queue_system}, tmp_path / odd_kit.name)
 
 
 def test_every_file_parses_and_passes_the_linters(queue_system: str, odd_kit: Path) -> None:
-    for path in odd_kit.rglob("*.py"):
-        ast.parse(path.read_text(), str(path))
-    for path in [*odd_kit.rglob("*.rb"), *odd_kit.rglob("*.rake")]:
-        checked = subprocess.run(["ruby", "-c", str(path)], capture_output=True, text=True)
-        assert checked.returncode == 0, checked.stderr
-    for path in odd_kit.rglob("*.toml"):
-        tomllib.loads(path.read_text())
-    for path in [*odd_kit.rglob("*.yml"), *odd_kit.rglob("*.yaml")]:
-        yaml.safe_load(path.read_text())
-    linters = (
-        [["rubocop", "--no-server", "--cache", "false"]]
-        if queue_system == "sidekiq"
-        else [[sys.executable, "-m", "ruff", "check", "."], [sys.executable, "-m", "ruff", "format", "--check", "."]]
-    )
-    for linter in linters:
-        result = subprocess.run(linter, cwd=odd_kit, capture_output=True, text=True)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    kit_checks.assert_every_file_parses(odd_kit)
+    kit_checks.assert_linters_pass(odd_kit, queue_system)
 
 
 def test_the_readme_names_the_answers_as_written_and_its_commands_parse(odd_kit: Path) -> None:
-    readme = (odd_kit / "README.md").read_text()
-    lines = readme.splitlines()
-    sections = [line[3:] for line in lines if line.startswith("## ")]
-    for section in sections:
-        for command in readme_commands(odd_kit, section):
-            if command.split()[0] not in SHELL_PROGRAMS:
-                continue  # a line of Python, a crontab's or a config file's
-            parsed = subprocess.run(["bash", "-n", "-c", command], capture_output=True, text=True)
-            assert parsed.returncode == 0, (section, command, parsed.stderr)
-    # a command that sends the example key gives it to the program whole, as one word
-    commands = [command for section in sections for command in readme_commands(odd_kit, section)]
-    send = shlex.split(next(command for command in commands if " send " in command or ":enqueue " in command))
-    assert ODD["example_key"] in send or f"KEY={ODD['example_key']}" in send, send
+    kit_checks.assert_readme_shell_lines_parse(odd_kit)
+    kit_checks.assert_readme_sends_the_key_whole(odd_kit, ODD["example_key"])
 
 
 def test_the_kits_embedded_suite_passes(queue_system: str, odd_kit: Path) -> None:
-    services = ("DATABASE_URL", "CELERY_", "REDIS_URL", "SQS_", "AWS_", "SMTP_", "PROVIDER_URL")
-    env = {name: value for name, value in os.environ.items() if not name.startswith(services)}
-    env |= {"PYTHONPATH": str(odd_kit / "src")}
-    result = subprocess.run(
-        ["rspec"] if queue_system == "sidekiq" else [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-        cwd=odd_kit,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    kit_checks.assert_embedded_suite_passes(odd_kit, queue_system)

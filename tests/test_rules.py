@@ -5,13 +5,18 @@ Run through each tool's command line, as a user would meet them. (Asked interact
 
 from __future__ import annotations
 
+import ast
+import builtins
+import os
 import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import ruby_stacks
 import yaml
+from generate import with_cookiecutter
 from matrix import ROOT, answers, facts, invalid_combinations, problem
 
 # (answer, bad value, what the message must say): each rule of replay_matrix.jinja at least once.
@@ -19,7 +24,7 @@ BAD_ANSWERS = [
     ("lease_seconds", "60", "is not greater than longest_run_seconds (90)"),
     ("lease_seconds", "90", "is not greater than longest_run_seconds (90)"),
     ("lease_seconds", "0", "is not a positive whole number of seconds"),
-    ("lease_seconds", "9", "is shorter than 10 s; a killed worker's message must be able to come back inside the lease"),
+    ("lease_seconds", "9", "is shorter than 10 s; a killed worker's message must come back inside the lease"),
     ("longest_run_seconds", "-5", "is not a positive whole number of seconds"),
     ("job_type", "select", "is a reserved word in SQL"),
     ("job_type", "class", "is a reserved word in Python"),
@@ -33,15 +38,29 @@ BAD_ANSWERS = [
     ("record_table", "order", "is a reserved word in SQL"),
     ("record_table", "x" * 31, "is not a lower-case identifier"),
     ("project_slug", "my-kit", "is not a lower-case identifier"),
+    ("project_slug", "kit_", "is not a lower-case identifier"),
+    ("project_slug", "email", "is taken: it is a module of Python's standard library or of a kit's dependency"),
+    ("project_slug", "celery", "is taken: it is a module of Python's standard library or of a kit's dependency"),
+    ("project_slug", "active_record", "is taken: it is a constant of Ruby's core or of a kit's gem"),
+    ("job_type", "max", "is taken: it is a Python builtin"),
+    ("operation_key_name", "payload", "is taken: it is a variable the kit's code keeps beside the key"),
+    ("operation_key_name", "l", "is taken: it is a name ruff refuses as ambiguous"),
+    ("record_table", "sqlite_master", "starts with a prefix the database keeps for its own tables"),
     ("project_slug", "module", "is a reserved word in Ruby"),
     ("project_name", "", "must be one line of text"),
     ("example_key", "", "must be one line of text"),
-    ("example_key", "K" * 256, "is 256 columns wide; at most 40 fit the lines it lands on"),
+    ("example_key", "K" * 256, "is 256 columns wide as the kit writes it"),
     ("example_key", "ORD {{ x }}", "holds Jinja's {{, which cookiecutter would read as a template"),
     ("project_name", "Tab\there", "must be one line of text without leading or trailing spaces, control characters"),
     ("effect_description", "send \u202eliame", "control characters or direction marks"),
-    ("other_example_key", "注文" * 11, "is 44 columns wide; at most 40"),
+    ("other_example_key", "注文" * 11, "is 44 columns wide as the kit writes it (a wide character counts two"),
     ("other_example_key", "ORD-1001", "is the same as example_key"),
+    (
+        "example_key",
+        "\\" * 10 + "abc",
+        "is 43 columns wide as the kit writes it (a wide character counts two, a backslash four",
+    ),
+    ("example_key", "-1001", "starts with -, which the kit's commands would read as an option"),
 ]
 NOT_INTEGERS = [("lease_seconds", "ten minutes"), ("longest_run_seconds", "1.5")]
 
@@ -150,6 +169,17 @@ def test_good_answers_pass_every_rule() -> None:
     assert problem(answers(job_type="notify_customer", record_table="sent_emails", lease_seconds=91)) == ""
 
 
+def test_an_sqs_job_runs_for_less_than_the_longest_visibility_timeout(tmp_path: Path) -> None:
+    given = {"queue_system": "sqs", "longest_run_seconds": "43200", "lease_seconds": "86400"}
+    message = problem(answers(**given))
+    assert message.startswith("longest_run_seconds: 43200 is not shorter than the longest visibility timeout SQS")
+    assert problem(answers(**{**given, "longest_run_seconds": "43199"})) == ""
+    assert problem(answers(**{**given, "queue_system": "celery"})) == ""  # Celery and Sidekiq have no such bound
+    result = cookiecutter_cli(tmp_path, given)
+    assert_refused(tmp_path, result)
+    assert said_only(result) == f"replay-matrix: {message}"
+
+
 # (misspelt name, the question the message must point to)
 MISSPELT = [("queue_sytem", "queue_system"), ("lease", "lease_seconds"), ("Stale_Claim_Policy", "stale_claim_policy")]
 
@@ -181,6 +211,66 @@ def test_the_slug_derived_from_any_name_passes_its_rule(name: str) -> None:
     slug = str(facts().slug(name))
     assert slug == AWKWARD_NAMES[name]
     assert not str(facts().answer_problem("project_slug", {"project_slug": slug})).strip()
+
+
+# What a Sidekiq kit loads beside its own module, whose constants its module must not reopen.
+RUBY_LIBRARIES = (
+    "sidekiq active_record rails redis connection_pool mustache rake net/smtp net/http json yaml pg sqlite3"
+)
+
+
+def test_the_taken_names_cover_this_python() -> None:
+    """The lists in replay_matrix.jinja hold every module of this Python's standard library and every builtin."""
+    modules, builtins_ = set(facts().python_modules.split()), set(facts().python_builtins.split())
+    assert {name for name in sys.stdlib_module_names if not name.startswith("_") and name.islower()} <= modules
+    assert {name for name in dir(builtins) if not name.startswith("_") and name.islower()} <= builtins_
+
+
+@pytest.mark.parametrize("effect_kind", list(facts().effect_kinds))
+def test_the_taken_names_cover_what_the_celery_task_keeps_beside_it(effect_kind: str, tmp_path: Path) -> None:
+    """Every name at the top of a module that defines or imports the task (job_type) is one job_type may not take."""
+    kit = with_cookiecutter(tmp_path, {"queue_system": "celery", "effect_kind": effect_kind, "job_type": "the_task"})
+    taken = {word for words in facts().taken_names["job_type"].values() for word in words.split()}
+    for path in kit.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = {
+            target.id
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        names |= {node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.ClassDef)}
+        names |= {
+            (alias.asname or alias.name).split(".")[0]
+            for node in tree.body
+            if isinstance(node, ast.Import | ast.ImportFrom)
+            for alias in node.names
+        }
+        if "the_task" in names:
+            beside = {
+                name for name in names - {"the_task", "annotations"} if name.islower() and not name.startswith("_")
+            }
+            assert beside <= taken, f"{path.name}: add to job_type's taken names: {sorted(beside - taken)}"
+
+
+# Every constant a Sidekiq kit's Ruby has loaded, as a slug would name it (IOError: i_o_error).
+RUBY_CONSTANTS = (
+    "ARGV.each { |lib| require lib }; "
+    + r'puts Object.constants.map(&:to_s).grep(/\A(?:[A-Z][a-z0-9]*)+\z/).map { |c| c.gsub(/(?<=.)(?=[A-Z])/, "_") }'
+)
+
+
+@pytest.mark.parametrize("stack", list(ruby_stacks.STACKS))
+def test_the_taken_names_cover_each_ruby_stack(stack: str, tmp_path: Path) -> None:
+    why = ruby_stacks.missing(stack)
+    if why:
+        (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)(why)  # in CI nothing may skip
+    argv = ruby_stacks.command(stack, ["ruby", "-e", RUBY_CONSTANTS, *RUBY_LIBRARIES.split()], tmp_path, {})
+    listed = {name.lower() for name in subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()}
+    assert {"sidekiq", "active_record", "i_o_error"} <= listed
+    missing = listed - set(facts().ruby_constants.split())
+    assert not missing, f"add to ruby_constants in replay_matrix.jinja: {' '.join(sorted(missing))}"
 
 
 def test_the_slug_of_random_names_passes_its_rule() -> None:

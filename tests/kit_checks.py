@@ -1,0 +1,107 @@
+"""What every generated kit must satisfy, whatever the answers it was made with: both tools give the same kit, its
+code compiles and passes its linters, its settings parse, its README's shell lines parse, its embedded suite passes.
+
+tests/test_odd_answers.py runs these on one fixed set of odd answers, tests/test_random_answers.py on answers drawn
+at random; each check raises AssertionError naming the file and the error.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from generate import COPIER_ANSWERS, readme_commands, with_copier
+
+# The programs the README's shell lines start with (its code blocks hold Python and settings too).
+SHELL_PROGRAMS = {"python", "pip", "celery", "alembic", "export", "cd", "aws", "bundle", "bin/rails", "ruby", "sidekiq"}
+# The environment that would point an embedded suite at a live service: left out, so that it runs on its own.
+SERVICE_VARIABLES = ("DATABASE_URL", "CELERY_", "REDIS_URL", "SQS_", "AWS_", "SMTP_", "PROVIDER_URL")
+
+
+def kit_files(folder: Path) -> dict[Path, bytes]:
+    """Every file of a kit by relative path, without copier's answers file (cookiecutter writes none)."""
+    return {
+        path.relative_to(folder): path.read_bytes()
+        for path in folder.rglob("*")
+        if path.is_file() and path.name != COPIER_ANSWERS and "__pycache__" not in path.parts
+    }
+
+
+def assert_copier_gives_the_same_kit(kit: Path, answers: dict[str, Any], destination: Path) -> None:
+    """kit was made by cookiecutter from answers; copier, given the same answers, must write the same files."""
+    ours = kit_files(kit)
+    theirs = kit_files(with_copier(destination, answers))
+    assert sorted(ours) == sorted(theirs)
+    assert [path for path in ours if ours[path] != theirs[path]] == []
+
+
+def ruby_files(kit: Path) -> list[Path]:
+    return [*kit.rglob("*.rb"), *kit.rglob("*.rake"), *kit.rglob("Rakefile")]
+
+
+def assert_every_file_parses(kit: Path) -> None:
+    """Python compiles (compile, not only parse: it also finds a misplaced return or nonlocal), Ruby passes
+    `ruby -c`, TOML and YAML load."""
+    for path in kit.rglob("*.py"):
+        compile(path.read_text(), str(path), "exec", dont_inherit=True)
+    for path in ruby_files(kit):
+        checked = subprocess.run(["ruby", "-c", str(path)], capture_output=True, text=True)
+        assert checked.returncode == 0, checked.stderr
+    for path in kit.rglob("*.toml"):
+        tomllib.loads(path.read_text())
+    for path in [*kit.rglob("*.yml"), *kit.rglob("*.yaml")]:
+        yaml.safe_load(path.read_text())
+
+
+def assert_linters_pass(kit: Path, queue_system: str) -> None:
+    """The kit's own linters, with the kit's own settings: rubocop, or ruff check and ruff format --check."""
+    linters = (
+        [["rubocop", "--no-server", "--cache", "false"]]
+        if queue_system == "sidekiq"
+        else [[sys.executable, "-m", "ruff", "check", "."], [sys.executable, "-m", "ruff", "format", "--check", "."]]
+    )
+    for linter in linters:
+        result = subprocess.run(linter, cwd=kit, capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+def readme_command_lines(kit: Path) -> list[str]:
+    """The lines of every code block in the kit's README, section by section."""
+    sections = [line[3:] for line in (kit / "README.md").read_text().splitlines() if line.startswith("## ")]
+    return [command for section in sections for command in readme_commands(kit, section)]
+
+
+def assert_readme_shell_lines_parse(kit: Path) -> None:
+    for command in readme_command_lines(kit):
+        if command.split()[0] not in SHELL_PROGRAMS:
+            continue  # a line of Python, a crontab's or a config file's
+        parsed = subprocess.run(["bash", "-n", "-c", command], capture_output=True, text=True)
+        assert parsed.returncode == 0, (command, parsed.stderr)
+
+
+def assert_readme_sends_the_key_whole(kit: Path, example_key: str) -> None:
+    """A command that sends the example key gives it to the program whole, as one word."""
+    commands = readme_command_lines(kit)
+    send = shlex.split(next(command for command in commands if " send " in command or ":enqueue " in command))
+    assert example_key in send or f"KEY={example_key}" in send, send
+
+
+def assert_embedded_suite_passes(kit: Path, queue_system: str) -> None:
+    """The kit's own suite, embedded: no service is named in its environment."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith(SERVICE_VARIABLES)}
+    env |= {"PYTHONPATH": str(kit / "src")}
+    result = subprocess.run(
+        ["rspec"] if queue_system == "sidekiq" else [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=kit,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
