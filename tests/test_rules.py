@@ -46,6 +46,7 @@ BAD_ANSWERS = [
     ("operation_key_name", "payload", "is taken: it is a variable the kit's code keeps beside the key"),
     ("operation_key_name", "l", "is taken: it is a name ruff refuses as ambiguous"),
     ("record_table", "sqlite_master", "starts with a prefix the database keeps for its own tables"),
+    ("record_table", "name", "is taken: it is a column of SQLite's catalog"),
     ("project_slug", "module", "is a reserved word in Ruby"),
     ("project_name", "", "must be one line of text"),
     ("example_key", "", "must be one line of text"),
