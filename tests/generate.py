@@ -82,4 +82,11 @@ def readme_commands(kit: Path, section: str) -> list[str]:
     lines = (kit / "README.md").read_text().splitlines()
     start = lines.index(f"## {section}") + 1
     end = next((n for n in range(start, len(lines)) if lines[n].startswith("## ")), len(lines))
-    return [line.strip() for line in lines[start:end] if line.startswith("    ")]
+    commands: list[str] = []
+    fenced = False
+    for line in lines[start:end]:
+        if line.startswith("```"):
+            fenced = not fenced  # a fenced block holds code (settings, a class), not command lines
+        elif line.startswith("    ") and not fenced:
+            commands.append(line.strip())
+    return commands
