@@ -79,6 +79,7 @@ def cookiecutter_cli(tmp_path: Path, given: dict[str, str]) -> subprocess.Comple
             str(ROOT),
             *(f"{name}={value}" for name, value in given.items()),
         ],
+        env={**os.environ, "HOME": str(tmp_path)},  # cookiecutter's replay file goes there, not to the user's home
         capture_output=True,
         text=True,
         timeout=120,
