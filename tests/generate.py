@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -37,11 +38,14 @@ def hook_files_in(folder: Path) -> Iterator[None]:
         tempfile.tempdir = before
 
 
-def settings_in(folder: Path) -> dict[str, str]:
-    """cookiecutter's settings for one run: its replay file (which it always writes, by default to
+def settings_in(folder: Path) -> str:
+    """A cookiecutter settings file for one run, in folder: its replay file (which it always writes, by default to
     ~/.cookiecutter_replay) and its clones go to folder, to be removed with it; the user's ~/.cookiecutterrc is
-    not read, so its default_context cannot change an answer unseen."""
-    return {"replay_dir": str(folder / "replay"), "cookiecutters_dir": str(folder / "clones")}
+    not read, so its default_context cannot change an answer unseen. (A file, not default_config: cookiecutter
+    2.2 reads a dict given there as True, and writes to the home folder.)"""
+    settings = folder / "cookiecutterrc"
+    settings.write_text(json.dumps({"replay_dir": str(folder / "replay"), "cookiecutters_dir": str(folder / "clones")}))
+    return str(settings)
 
 
 def with_cookiecutter(output_dir: Path, answers: dict[str, Any]) -> Path:
@@ -54,7 +58,7 @@ def with_cookiecutter(output_dir: Path, answers: dict[str, Any]) -> Path:
                 no_input=True,
                 output_dir=str(output_dir),
                 extra_context=answers,
-                default_config=settings_in(Path(scratch)),
+                config_file=settings_in(Path(scratch)),
             )
     except (CookiecutterException, ValueError) as error:
         raise GenerationFailed(stderr.getvalue() + str(error)) from error

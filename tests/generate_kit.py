@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with hook_files_in(work):
                 folder = cookiecutter(
-                    str(ROOT), no_input=True, output_dir=scratch, extra_context=given, default_config=settings_in(work)
+                    str(ROOT), no_input=True, output_dir=scratch, extra_context=given, config_file=settings_in(work)
                 )
         except CookiecutterException as error:
             print(error, file=sys.stderr)  # our one line, e.g. "replay-matrix: lease_seconds: ..."

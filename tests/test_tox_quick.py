@@ -35,3 +35,17 @@ def test_tox_quick_selects_the_rules_and_every_embedded_suite_and_nothing_live()
         assert any(f"[{combo_id(combo)}-embedded" in suite for suite in suites), combo_id(combo)
     assert all("-embedded" in suite for suite in suites)
     assert any(item.startswith("tests/test_rules.py::") for item in quick)
+
+
+def test_the_readmes_longer_random_run_draws_the_sets_it_names() -> None:
+    """`REPLAY_RANDOM_SETS=200 REPLAY_RANDOM_SEED=1 tox -e random`, as the README writes it, collects 200 sets from
+    seed 1 (collected only: running them is the longer run itself)."""
+    (command,) = re.findall(
+        r"^    (REPLAY_RANDOM_SETS=\d+ REPLAY_RANDOM_SEED=\d+ tox -e random)$", README, re.MULTILINE
+    )
+    settings = dict(word.split("=") for word in command.split()[:2])
+    sets, seed = int(settings["REPLAY_RANDOM_SETS"]), int(settings["REPLAY_RANDOM_SEED"])
+    argv = [sys.executable, "-m", "tox", "-e", "random", "--", "--collect-only", "-q"]
+    items = collected(["env", *command.split()[:2], *argv])
+    seeds = {re.search(r"\[seed=(\d+)\]", item)[1] for item in items if "[seed=" in item}  # type: ignore[index]
+    assert seeds == {str(n) for n in range(seed, seed + sets)}
