@@ -256,6 +256,55 @@ def test_the_taken_names_cover_what_the_celery_task_keeps_beside_it(effect_kind:
             assert beside <= taken, f"{path.name}: add to job_type's taken names: {sorted(beside - taken)}"
 
 
+KEY_NAME = "the_key"  # an operation_key_name no kit uses for anything else
+# The local variables of every Ruby method (or block) of a kit that has one named KEY_NAME.
+RUBY_LOCALS_BESIDE_THE_KEY = f"""
+def walk(iseq, &block) = (block.call(iseq); iseq.each_child {{ |child| walk(child, &block) }})
+ARGV.each do |path|
+  walk(RubyVM::InstructionSequence.compile_file(path)) do |iseq|
+    locals = iseq.to_a[10].map(&:to_s)
+    puts locals.grep(/\\A[a-z_][a-z0-9_]*\\z/).join(" ") if locals.include?("{KEY_NAME}")
+  end
+end
+"""
+
+
+def python_locals_beside_the_key(kit: Path) -> set[str]:
+    """The arguments and local variables of every Python function of the kit that takes KEY_NAME."""
+    found: set[str] = set()
+    for path in kit.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef):
+                args = {arg.arg for arg in [*node.args.args, *node.args.kwonlyargs]}
+                stored = {
+                    name.id for name in ast.walk(node) if isinstance(name, ast.Name) and isinstance(name.ctx, ast.Store)
+                }
+                found |= args | stored if KEY_NAME in args | stored else set()
+    return found
+
+
+@pytest.mark.parametrize("queue_system", ["celery", "sidekiq"])
+@pytest.mark.parametrize("effect_kind", list(facts().effect_kinds))
+def test_the_taken_names_cover_the_variables_beside_the_operation_key(
+    queue_system: str, effect_kind: str, tmp_path: Path
+) -> None:
+    """operation_key_name is a variable wherever the kit handles the key: no other variable there may share it (a
+    key named `why` made Ruby's `resolve(why, ..., why:)`)."""
+    given = {"queue_system": queue_system, "effect_kind": effect_kind, "operation_key_name": KEY_NAME}
+    kit = with_cookiecutter(tmp_path, given)
+    if queue_system == "sidekiq":
+        files = [str(path) for path in [*kit.rglob("*.rb"), *kit.rglob("*.rake")]]
+        listed = subprocess.run(["ruby", "-e", RUBY_LOCALS_BESIDE_THE_KEY, *files], capture_output=True, text=True)
+        assert listed.returncode == 0, listed.stderr
+        beside = set(listed.stdout.split())
+    else:
+        beside = python_locals_beside_the_key(kit)
+    assert KEY_NAME in beside  # the walk found where the kit handles the key
+    taken = {word for words in facts().taken_names["operation_key_name"].values() for word in words.split()}
+    missing = beside - taken - {KEY_NAME}
+    assert not missing, f"add to operation_key_name's taken names: {' '.join(sorted(missing))}"
+
+
 # Every constant a Sidekiq kit's Ruby has loaded, as a slug would name it (IOError: i_o_error).
 RUBY_CONSTANTS = (
     "ARGV.each { |lib| require lib }; "
