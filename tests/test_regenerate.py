@@ -22,6 +22,7 @@ import cookiecutter.main
 import copier
 import cruft
 import pytest
+import yaml
 from generate import with_cookiecutter
 from matrix import ROOT, answers, expected, facts
 from test_kits import LANGUAGES, SUITES
@@ -233,6 +234,11 @@ def test_the_report_names_a_commit_that_exists_or_says_why_not(
     recorded = copier_answers(clean)["_commit"]
     assert git(clone, "rev-parse", f"{recorded}^{{commit}}").strip() == git(clone, "rev-parse", "HEAD").strip()
     assert report_template_line(clean, language) == f"{clone} at {recorded}"
+    # copier quotes a short commit of digits only, which YAML would read as a number
+    answers_file = clean / ".copier-answers.yml"
+    answers_file.write_text(answers_file.read_text().replace(f"_commit: {recorded}\n", f"_commit: '{recorded}'\n"))
+    assert f"_commit: '{recorded}'" in answers_file.read_text()
+    assert report_template_line(clean, language) == f"{clone} at {recorded}"
 
     # a change not committed: copier commits it in a clone of its own, and records a commit found nowhere else
     (clone / "NOTES.md").write_text("a change not yet committed\n")
@@ -249,4 +255,4 @@ def test_the_report_names_a_commit_that_exists_or_says_why_not(
 
 
 def copier_answers(kit: Path) -> dict[str, str]:
-    return dict(line.split(": ", 1) for line in (kit / ".copier-answers.yml").read_text().splitlines() if ": " in line)
+    return {key: str(value) for key, value in yaml.safe_load((kit / ".copier-answers.yml").read_text()).items()}
