@@ -1,10 +1,17 @@
-"""Leaves out the Celery kit's Django app from the other kits: its files are named to render to nothing there, but
-its folders would stay, empty. (A folder named to render to nothing stops cookiecutter, "directory already
-exists"; copier.yml's _exclude leaves the same folder out under copier.)"""
+"""Removes what this kit leaves out: the template holds every kit's files under their own names, and
+`kit_files` in templates/replay_matrix.jinja says which ones a kit keeps (copier.yml's _exclude reads the same
+list)."""
 
+import json
 import shutil
 from pathlib import Path
 
-if "{{ cookiecutter.queue_system }}" != "celery":
-    code = "{{ 'lib' if cookiecutter.queue_system == 'sidekiq' else 'src' }}"
-    shutil.rmtree(Path(code, "{{ cookiecutter.project_slug }}", "django_app"))
+# Rendered by cookiecutter before it runs: the paths, relative to the kit's folder, that this kit leaves out.
+dropped = json.loads(r"""{{ dropped(cookiecutter).split() | tojson }}""")  # fmt: skip
+
+for pattern in dropped:
+    for path in Path().glob(pattern):
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()

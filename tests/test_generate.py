@@ -64,6 +64,20 @@ def test_copier_renders_the_same_kit(kits: dict[str, Path], combo: dict[str, str
     assert {name: recorded[name] for name in answers()} == answers(**combo)
 
 
+def test_the_keep_list_names_template_files_and_copier_has_an_entry_for_each_path_a_kit_drops() -> None:
+    """kit_files (templates/replay_matrix.jinja) is the one list of which kit keeps which file: each of its paths
+    names files of the template, and copier.yml's _exclude, one path per entry, has room for every kit's."""
+    template = ROOT / "{{cookiecutter.project_slug}}"
+    for entry in facts().kit_files:
+        for path in entry["files"]:
+            # the package folder's name is an answer: the keep-list's * stands for it
+            assert list(template.glob(path.replace("src/*/", "src/{{cookiecutter.project_slug}}/"))), path
+    entries = yaml.safe_load((ROOT / "copier.yml").read_text())["_exclude"]
+    room = sum("dropped_path(" in entry for entry in entries)
+    dropped = {combo_id(c): str(facts().dropped(c)).split() for c in COMBINATIONS}
+    assert max(len(paths) for paths in dropped.values()) <= room, dropped
+
+
 def policy_rows(policy_md: str) -> list[tuple[int, int, str]]:
     section = policy_md.split("## The seven cases", 1)[1].split("\n## ", 1)[0]
     cells = [line.strip("|").split("|") for line in section.splitlines() if re.match(r"\| \d \|", line)]

@@ -49,3 +49,20 @@ def test_the_readmes_longer_random_run_draws_the_sets_it_names() -> None:
     items = collected(["env", *command.split()[:2], *argv])
     seeds = {re.search(r"\[seed=(\d+)\]", item)[1] for item in items if "[seed=" in item}  # type: ignore[index]
     assert seeds == {str(n) for n in range(seed, seed + sets)}
+
+
+def test_tox_speed_prints_each_tool_and_queue_system_against_a_one_file_template() -> None:
+    """`tox -e speed`, as the README writes it: a line per tool and queue system, with its ratio."""
+    assert re.search(r"^    tox -e speed$", README, re.MULTILINE)
+    env = {name: value for name, value in os.environ.items() if not name.startswith(("TOX_", "VIRTUAL_ENV"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "tox", "-e", "speed"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    figures = re.findall(
+        r"^(cookiecutter|copier) +(\w+) +[\d.]+ s a kit, +\d+ times the one-file template$", result.stdout, re.MULTILINE
+    )
+    assert sorted(figures) == sorted(
+        (tool, queue) for tool in ("cookiecutter", "copier") for queue in ("celery", "sidekiq", "sqs")
+    ), result.stdout
+    assert re.search(r"^a one-file template: cookiecutter [\d.]+ ms, copier [\d.]+ ms", result.stdout, re.MULTILINE)

@@ -1,4 +1,4 @@
-{%- from "replay_matrix.jinja" import kind with context -%}
+{%- from "replay_matrix.jinja" import kind, policies with context -%}
 {%- set c = cookiecutter -%}
 {%- set mod = c.project_slug.split("_")|map("capitalize")|join -%}
 # frozen_string_literal: true
@@ -146,6 +146,14 @@ module {{ mod }}
     end
     include Lifecycle
 
+    # What each stale-claim policy makes of a claim older than the lease: the status it settles it at (nil: a new
+    # run takes it over), and the note it leaves on the record. The Python kits write the same.
+    AFTER_LEASE = {
+{%- for name, rule in policies.items() %}
+      "{{ name }}" => [{{ '"%s"'|format(rule.after_lease) if rule.after_lease != "completed" else "nil" }}, "{{ rule.stale_note }}"]{{ "," if not loop.last }}
+{%- endfor %}
+    }.freeze
+
     attr_reader :job_type, :table, :lease_seconds, :policy
 
     def initialize(job_type:, table:, lease_seconds:, policy:, logger:)
@@ -194,11 +202,8 @@ module {{ mod }}
     # Applies the stale-claim policy to the claim with `token`, if it is still that claim and still stale.
     # A Claim when the policy says to perform the effect again (resend, lookup), else nil.
     def apply_policy(key, token)
-      case policy
-      when "hold" then settle(key, token, "held", "held for a person: the lease ran out; the effect may have happened")
-      when "skip" then settle(key, token, "abandoned", "abandoned for good: the lease ran out")
-      else take_over(key, token, "the lease ran out: taken over (policy #{policy})")
-      end
+      status, note = AFTER_LEASE.fetch(policy)
+      status ? settle(key, token, status, note) : take_over(key, token, note)
     end
 
     # [key, token, claimed_at] of claims older than the lease, oldest first, from claimed_at `from` on (where the

@@ -19,8 +19,6 @@ from . import settings
 from .tasks import SWEEP_TASK_NAME, {{ [cookiecutter.job_type, "sweep_stale_claims"]|sort|join(", ") }}
 
 QUEUE = settings.queue_name()
-# how often beat runs the sweeper: a stale claim is settled at most this long after its lease ends
-SWEEP_EVERY_SECONDS = max(10, settings.LEASE_SECONDS // 4)
 
 # no fix-ups: the kit's own app stays itself where DJANGO_SETTINGS_MODULE is set (a Django project's shell), which
 # Celery would otherwise take as a sign to set Django up
@@ -41,7 +39,7 @@ app.conf.update(
         "unacked_restore_throttle": 1,
     },
     beat_schedule={
-        "sweep-stale-claims": {"task": SWEEP_TASK_NAME, "schedule": SWEEP_EVERY_SECONDS},
+        "sweep-stale-claims": {"task": SWEEP_TASK_NAME, "schedule": settings.SWEEP_EVERY_SECONDS},
     },
 )
 

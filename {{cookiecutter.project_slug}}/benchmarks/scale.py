@@ -52,9 +52,6 @@ from measure import (
 from psycopg import sql
 
 from {{ slug }} import settings
-{%- if cookiecutter.queue_system == "celery" %}
-from {{ slug }}.celery_app import SWEEP_EVERY_SECONDS
-{%- endif %}
 from {{ slug }}.claims import ClaimStore, default_store, encode_details, fingerprint
 from {{ slug }}.job import handle, sweep
 
@@ -68,6 +65,7 @@ GOAL_DRAIN_SECONDS = 30
 NOTE = "scale benchmark"
 {%- if cookiecutter.queue_system == "celery" %}
 # beat runs the sweeper task (job.sweep) every SWEEP_EVERY_SECONDS
+SWEEP_EVERY_SECONDS = settings.SWEEP_EVERY_SECONDS
 SWEEPER = f"beat's sweeper task, every {SWEEP_EVERY_SECONDS} s"
 {%- else %}
 # each consumer runs the sweeper (job.sweep) this often between messages

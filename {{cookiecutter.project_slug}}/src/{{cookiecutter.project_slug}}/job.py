@@ -1,3 +1,4 @@
+{%- from "replay_matrix.jinja" import policy with context -%}
 {%- set one_transaction = cookiecutter.effect_kind == "same_database" -%}
 {%- set p = cookiecutter.stale_claim_policy -%}
 """What one delivery of a `{{ cookiecutter.job_type }}` message does, whatever queue delivered it.
@@ -53,7 +54,7 @@ JOB_TYPE = settings.JOB_TYPE
 DATABASE_UNREACHABLE = (OperationalError, InterfaceError, ProgrammingError)
 {%- if p in ("hold", "skip") %}
 # What `{{ p }}` makes of a claim older than the lease, whether a redelivery or the sweeper meets it: status and note.
-AFTER_LEASE = {{ '("held", "claim older than the lease: held for a person")' if p == "hold" else '("abandoned", "claim older than the lease: abandoned")' }}
+AFTER_LEASE = ("{{ policy.after_lease }}", "{{ policy.stale_note }}")
 {%- endif %}
 {%- if one_transaction %}
 
@@ -181,10 +182,10 @@ def apply_stale_claim_policy(
         return Outcome("abandoned", "claim older than the lease")
 {%- elif p == "resend" %}
     # Taken over and performed again: nothing is lost, at the price of a rare duplicate.
-    return _take_over_and_perform(store, key, details, record, perform, "claim older than the lease: resent")
+    return _take_over_and_perform(store, key, details, record, perform, "{{ policy.stale_note }}")
 {%- elif p == "lookup" %}
     # Taken over first, so that one run alone asks the provider and acts on its answer.
-    token = store.take_over(key, record.claim_token, "claim older than the lease: looked up")
+    token = store.take_over(key, record.claim_token, "{{ policy.stale_note }}")
     if token is None:
         log.info("%s %r: another run took the stale claim over first; skipped", JOB_TYPE, key)
         return Outcome("skipped", "another run took the stale claim over")

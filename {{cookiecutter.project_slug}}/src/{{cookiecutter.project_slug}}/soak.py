@@ -455,7 +455,7 @@ class Queue:
             return (
                 f"{self.broker}, queue {settings.queue_name()}; the soak's workers have a visibility timeout of"
                 f" {VISIBILITY_TIMEOUT} s, below the lease ({settings.LEASE_SECONDS} s; the kit's is"
-                f" {max(3600, 2 * settings.LEASE_SECONDS)} s), so that a killed worker's message comes back in seconds,"
+                f" {settings.VISIBILITY_TIMEOUT_SECONDS} s), so that a killed worker's message comes back in seconds,"
                 f" and the lock on putting messages back expires after {VISIBILITY_TIMEOUT} s (Redis's default: 300 s)"
             )
         return (

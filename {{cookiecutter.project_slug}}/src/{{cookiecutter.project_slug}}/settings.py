@@ -1,4 +1,5 @@
-{%- from "replay_matrix.jinja" import max_key_length with context -%}
+{%- from "replay_matrix.jinja" import lease_rules, max_key_length, sqs_max_receive_count, sweep_budget_seconds, sweep_every_rule,
+    sweep_every_seconds, visibility_rule, visibility_timeout_seconds with context -%}
 """The kit's settings: the answers it was generated with, and what each deployment sets in its environment.
 
 Values from the environment are read when they are used, not at import, so a test or a command can set them
@@ -17,11 +18,17 @@ LEASE_SECONDS = {{ cookiecutter.lease_seconds|int }}
 LONGEST_RUN_SECONDS = {{ cookiecutter.longest_run_seconds|int }}
 # The record table's operation_key is VARCHAR({{ max_key_length }}).
 MAX_KEY_LENGTH = {{ max_key_length }}
-# The sweeper (job.sweep) settles stale claims SWEEP_BATCH at a time while it finds them, and starts none after
-# SWEEP_BUDGET_SECONDS: the time between two sweeps, max(10, lease / 4) s, less the longest run, so that a sweep
-# is over before the next one starts.
+# The sweeper (job.sweep) runs every SWEEP_EVERY_SECONDS, {{ sweep_every_rule }}: a stale claim is settled at most
+# that long after its lease ends. It settles stale claims SWEEP_BATCH at a time while it finds them, and starts
+# none after SWEEP_BUDGET_SECONDS: the time to the next sweep less the longest run, so that a sweep is over before
+# the next one starts.
+SWEEP_EVERY_SECONDS = {{ sweep_every_seconds }}
 SWEEP_BATCH = 100
-SWEEP_BUDGET_SECONDS = {{ [1, [10, cookiecutter.lease_seconds|int // 4]|max - cookiecutter.longest_run_seconds|int]|max }}
+SWEEP_BUDGET_SECONDS = {{ sweep_budget_seconds }}
+{%- if cookiecutter.queue_system == "celery" %}
+# Redis's visibility timeout unless CELERY_VISIBILITY_TIMEOUT says otherwise: {{ visibility_rule }}
+VISIBILITY_TIMEOUT_SECONDS = {{ visibility_timeout_seconds }}
+{%- endif %}
 
 
 def max_details_bytes() -> int:
@@ -98,15 +105,15 @@ def visibility_timeout() -> int:
 
     It must exceed the lease: a redelivery inside the lease is put back with a countdown to the lease's end,
     and Redis would hand that waiting message out again if its visibility ran out first. Tests shorten it.
+    Default: VISIBILITY_TIMEOUT_SECONDS.
     """
-    default = max(3600, 2 * LEASE_SECONDS)
-    return int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", str(default)))
+    return int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", str(VISIBILITY_TIMEOUT_SECONDS)))
 {%- endif %}
 {%- if cookiecutter.queue_system == "sqs" %}
 
 
 # SQS refuses a visibility timeout longer than 12 hours.
-SQS_MAX_VISIBILITY_SECONDS = 43200
+SQS_MAX_VISIBILITY_SECONDS = {{ lease_rules.sqs_receives.visibility_limit }}
 # How long the queue keeps a message (create-queues sets it): 14 days, SQS's longest, so that a message waiting for
 # the end of a lease does not expire meanwhile. No message comes back later than that: `retain` keeps records longer.
 SQS_MESSAGE_RETENTION_SECONDS = 14 * 24 * 3600
@@ -168,11 +175,10 @@ def max_receive_count() -> int:
     once). A healthy message is received once, plus once per worker death, per transient failure, and per wait
     of up to 12 hours inside a lease: the default leaves room for all of them.
     """
-    waits = -(-LEASE_SECONDS // SQS_MAX_VISIBILITY_SECONDS)
-    return int(os.environ.get("SQS_MAX_RECEIVE_COUNT", str(10 + waits)))
+    return int(os.environ.get("SQS_MAX_RECEIVE_COUNT", "{{ sqs_max_receive_count }}"))
 
 
 def sweep_every_seconds() -> int:
     """How often a consumer runs the sweeper between messages; 0: never (run `operations sweep` from cron)."""
-    return int(os.environ.get("SQS_SWEEP_EVERY_SECONDS", str(max(10, LEASE_SECONDS // 4))))
+    return int(os.environ.get("SQS_SWEEP_EVERY_SECONDS", str(SWEEP_EVERY_SECONDS)))
 {%- endif %}
