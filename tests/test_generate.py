@@ -71,7 +71,8 @@ def test_the_keep_list_names_template_files_and_copier_has_an_entry_for_each_pat
     for entry in facts().kit_files:
         for path in entry["files"]:
             # the package folder's name is an answer: the keep-list's * stands for it
-            assert list(template.glob(path.replace("src/*/", "src/{{cookiecutter.project_slug}}/"))), path
+            named = path.replace("src/*/", "src/{{cookiecutter.project_slug}}/")
+            assert list(template.glob(named.replace("src/*_proof/", "src/{{cookiecutter.project_slug}}_proof/"))), path
     entries = yaml.safe_load((ROOT / "copier.yml").read_text())["_exclude"]
     room = sum("dropped_path(" in entry for entry in entries)
     dropped = {combo_id(c): str(facts().dropped(c)).split() for c in COMBINATIONS}

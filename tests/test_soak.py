@@ -31,8 +31,8 @@ from test_kits import run_name
 # it: the short soak that CI runs for every policy, and the long one. {slug} is the kit's project_slug.
 SOAK_COMMANDS = {
     "python": {
-        "short": "python -m {slug}.operations soak --operations 300 --workers 2 --kill-every 1 --kill-after-take 0.03",
-        "long": "python -m {slug}.operations soak",
+        "short": "python -m {slug}_proof soak --operations 300 --workers 2 --kill-every 1 --kill-after-take 0.03",
+        "long": "python -m {slug}_proof soak",
     },
     "ruby": {
         "short": "bundle exec rake {slug}:soak OPERATIONS=300 WORKERS=2 KILL_EVERY=1 KILL_AFTER_TAKE=0.02",

@@ -191,7 +191,7 @@ def duplicate(operations: int) -> None:
 
 def effects_sink() -> Any:
     """Where the effects arrive, as the replay suite counts them: {{ "a local SMTP sink" if cookiecutter.effect_kind == "external_no_reference" else ("a local provider" if cookiecutter.effect_kind == "external_with_reference" else "the effects table") }}."""
-    from {{ slug }}.sinks import Effects
+    from {{ slug }}_proof.sinks import Effects
 {% if one_transaction %}
     sink = Effects(default_store().engine)
 {%- else %}

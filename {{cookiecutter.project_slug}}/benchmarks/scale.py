@@ -338,7 +338,7 @@ class Worker(threading.Thread):
 def drain(raw: Any, store: ClaimStore, stale: int) -> None:
     """Stale claims settled by the kit's sweeper, called as the kit calls it: once per period, each call going on
     while it finds work, within its budget. The waits between calls are counted, not slept."""
-    from {{ slug }}.sinks import Effects
+    from {{ slug }}_proof.sinks import Effects
 {% if cookiecutter.effect_kind == "same_database" %}
     sink = Effects(store.engine)
 {%- else %}

@@ -31,7 +31,7 @@ import pytest
 from sqlalchemy import create_engine, make_url, text
 
 from {{ c.project_slug }} import settings
-from {{ c.project_slug }}.report import FACTS, answer, render
+from {{ c.project_slug }}_proof.report import FACTS, answer, render
 
 KIT_ROOT = Path(__file__).resolve().parents[1]
 # The distributions whose versions the report names, as they are installed.
@@ -124,7 +124,7 @@ def environment() -> list[tuple[str, str]]:
     import celery
     import kombu
 
-    from {{ c.project_slug }}.report import broker as named_broker
+    from {{ c.project_slug }}_proof.report import broker as named_broker
 
     queue = f"Celery {celery.__version__}, kombu {kombu.__version__}"
     broker = named_broker()

@@ -1,5 +1,5 @@
-"""Where effects are counted lives in the package, where the try-out (operations try-out) finds it too."""
+"""Where effects are counted lives in the kit's proof package, where the try-out finds it too."""
 
-from {{ cookiecutter.project_slug }}.sinks import Effects
+from {{ cookiecutter.project_slug }}_proof.sinks import Effects
 
 __all__ = ["Effects"]

@@ -351,11 +351,11 @@ def test_resolve_refuses_an_empty_name_or_reason(records: Records, capsys: pytes
 
 
 def test_the_try_out_kills_a_real_worker_mid_effect_and_sweeps(records: Records) -> None:
-    """`operations try-out`, as a person runs it: its own worker process, SIGKILLed after the effect."""
+    """The try-out, as a person runs it: its own worker process, SIGKILLed after the effect."""
     env = {**os.environ, "PYTHONPATH": KIT_PYTHONPATH}
     started = time.monotonic()
     completed = subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.project_slug }}.operations", "try-out"],
+        [sys.executable, "-m", "{{ cookiecutter.project_slug }}_proof", "try-out"],
         cwd=KIT_ROOT,
         env=env,
         capture_output=True,

@@ -1,8 +1,8 @@
 {%- set slug = cookiecutter.project_slug -%}
 {%- set celery = cookiecutter.queue_system == "celery" -%}
 {%- from "replay_matrix.jinja" import py, states with context -%}
-"""Commands for producers, cron and people: send one operation, the sweeper, the status, held and failed operations,
-the try-out, the soak.
+"""Commands for producers, cron and people: send one operation, the sweeper, the status, held and failed operations.
+(The try-out and the soak, which prove the kit, are `python -m {{ slug }}_proof`'s.)
 
     python -m {{ slug }}.operations send KEY --details '{"email": "customer@example.com"}'
     python -m {{ slug }}.operations sweep
@@ -10,9 +10,7 @@ the try-out, the soak.
     python -m {{ slug }}.operations held
     python -m {{ slug }}.operations resolve KEY --done --by NAME --why TEXT
     python -m {{ slug }}.operations resolve KEY --release --by NAME --why TEXT
-    python -m {{ slug }}.operations try-out
     python -m {{ slug }}.operations retain --older-than-days N
-    python -m {{ slug }}.operations soak [--operations N] [--workers N] ...     (see --help)
 
 `pip install` makes the same command available as `{{ slug|replace("_", "-") }}-operations`.
 `send` writes the operation's record as queued, then sends its message (producer.enqueue). `status` prints each
@@ -171,21 +169,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     decision.add_argument("--release", action="store_true", help="one more attempt: queued again and sent")
     resolve.add_argument("--by", required=True, help="who decides")
     resolve.add_argument("--why", required=True, help="why: recorded with the operation")
-    commands.add_parser("try-out", help="one operation, a worker killed mid-effect, the sweeper and the policy")
     retain = commands.add_parser("retain", help="delete completed records older than the longest redelivery")
     retain.add_argument(
         "--older-than-days", type=int, required=True, help="their age: more than the longest redelivery window"
     )
     retain.add_argument("--batch", type=int, default=10_000, help="records looked at per statement (default 10000)")
-    soak = commands.add_parser("soak", help="many operations, duplicated, while workers are killed; the invariants")
-    soak.add_argument("--operations", type=int, default=2000, help="how many keys (default 2000)")
-    soak.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
-    soak.add_argument("--kill-every", type=float, default=3.0, help="seconds between kills, jittered (default 3)")
-    soak.add_argument("--duplicates", type=float, default=0.3, help="fraction of keys sent 2 or 3 times (0.3)")
-    soak.add_argument(
-        "--kill-after-take", type=float, default=0.005, help="fraction of messages taken whose worker then dies (0.005)"
-    )
-    soak.add_argument("--seed", type=int, default=None, help="the random choices' seed (default: a new one)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 {%- if celery %}
@@ -217,22 +205,6 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(f"sent {settings.JOB_TYPE} {key} to the queue {settings.queue_name()}: message {send(key, details)}")
         return 0
-    if args.command == "try-out":
-        try:
-            from .try_out import try_out
-        except ModuleNotFoundError as error:
-            print(f"{PROG} try-out needs {error.name}, from the test extra: pip install -e '.[test]'", file=sys.stderr)
-            return 2
-        return try_out()
-    if args.command == "soak":
-        try:
-            from .soak import soak as run_soak
-        except ModuleNotFoundError as error:
-            print(f"{PROG} soak needs {error.name}, from the test extra: pip install -e '.[test]'", file=sys.stderr)
-            return 2
-        return run_soak(
-            args.operations, args.workers, args.kill_every, args.duplicates, args.seed, args.kill_after_take
-        )
     if args.command == "retain":
         window, made_of = redelivery_window()
         # a whole number of days strictly longer than the window

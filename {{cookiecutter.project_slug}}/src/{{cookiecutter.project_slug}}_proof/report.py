@@ -6,7 +6,7 @@
     replay-report.md     the same, for a pull request or an email
     replay-junit.xml     one test case per row, and one for the soak, for any CI
 
-Both the replay suite (tests/replay_reports.py) and `operations soak` render them here, so the reports show the
+Both the replay suite (tests/replay_reports.py) and the soak render them here, so the reports show the
 last run of each, whichever ran last. The templates in report/ are Mustache, shared with the Ruby kit: their
 words come from the template that wrote POLICY.md; `view` adds only what Mustache cannot compute.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 import pystache
 
-from . import settings
+from {{ cookiecutter.project_slug }} import settings
 
 REPORTS = ("replay-report.html", "replay-report.md", "replay-junit.xml")
 FACTS = "replay-report.json"

@@ -2,7 +2,7 @@
 
 `before_effect`: after the claim, before the effect. `after_effect`: after the effect, before the completion.
 What happens at the point is the caller's: a forked child kills itself; a live worker pauses and the suite
-(or `operations try-out`) kills it from outside with SIGKILL, or (a `freeze` order) stops itself with SIGSTOP
+(or the try-out) kills it from outside with SIGKILL, or (a `freeze` order) stops itself with SIGSTOP
 and goes on where it stopped when the suite sends SIGCONT, as a machine paused past the lease would.
 
 Used by the replay suite (tests/) and by the try-out (try_out.py), which must work from an installed kit: so

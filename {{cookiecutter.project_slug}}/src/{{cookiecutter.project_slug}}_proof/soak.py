@@ -6,8 +6,8 @@
 """The soak: many operations through the real queue, duplicated, while a chaos loop kills workers at random;
 then the invariants of the policy `{{ policy }}`, counted where the effects arrive.
 
-    python -m {{ slug }}.operations soak [--operations 2000] [--workers 4] [--kill-every 3]
-        [--duplicates 0.3] [--kill-after-take 0.005]
+    python -m {{ slug }}_proof soak
+        [--operations 2000] [--workers 4] [--kill-every 3] [--duplicates 0.3] [--kill-after-take 0.005]
 
 It runs against the live services of the environment: DATABASE_URL (PostgreSQL) and
 {%- if celery %} CELERY_BROKER_URL (Redis
@@ -29,14 +29,14 @@ It starts these, and stops them at the end:
   runs the task and holds its message, as the death of a machine does, and the broker's own redelivery brings
   the message back. On Redis that takes the visibility timeout, so the soak shortens it for its own workers to
   VISIBILITY_TIMEOUT seconds, below the lease, and says so: the one thing that differs from the kit's worker
-  (`python -m {{ slug }}.soak` runs the worker's command with that allowed). RabbitMQ brings it back
-  when the dead worker's connection closes.
+  (`python -m {{ slug }}_proof.soak` runs the worker's command with that allowed).
+  RabbitMQ brings it back when the dead worker's connection closes.
 {%- else %}
 - a queue and its dead-letter queue of the soak's own (per-run names, made by the kit's `create-queues` with a
   visibility timeout of VISIBILITY_TIMEOUT seconds, so that a dead consumer's message comes back in seconds),
   deleted at the end; and `--workers` processes of the kit's consumer,
   `python -m {{ slug }}.consumer`, by this module as their command,
-  `python -m {{ slug }}.soak`, for the kills after a take below;
+  `python -m {{ slug }}_proof.soak`, for the kills after a take below;
 {%- endif %}
 - a chaos loop that kills a random worker with SIGKILL every `--kill-every` seconds (jittered, counted from the
   moment the last replacement is ready) and starts another in its place;
@@ -85,13 +85,14 @@ from typing import Any
 
 from sqlalchemy import Row, bindparam, text
 
-from . import settings
-from .claims import ClaimStore, default_store
-from .job import sweep
-from .operations import PROG
+from {{ cookiecutter.project_slug }} import settings
+from {{ cookiecutter.project_slug }}.claims import ClaimStore, default_store
+from {{ cookiecutter.project_slug }}.job import sweep
 {%- if celery %}
-from .producer import TASK_NAME
+from {{ cookiecutter.project_slug }}.producer import TASK_NAME
 {%- endif %}
+
+from . import PROG
 
 # The command's other parts (the effect's receiver, the reports) are imported where they are used: the worker
 # that runs this module as its command needs none of them, and starts the faster for it.
@@ -429,7 +430,7 @@ class Queue:
         self.broker = broker()
         if " unknown (" in self.broker:
             raise BadInput(f"the broker of CELERY_BROKER_URL does not answer: {self.broker}")
-        from .celery_app import app
+        from {{ cookiecutter.project_slug }}.celery_app import app
 
         self.app = app
         self.redis = not settings.on_rabbitmq()
@@ -446,7 +447,7 @@ class Queue:
         """The kit's worker (solo pool: one process runs the task and holds its message), by this module as its
         command, which only allows the shortened visibility timeout."""
         return [
-            *(sys.executable, "-m", "{{ slug }}.soak", "--pool=solo", "--loglevel=INFO"),
+            *(sys.executable, "-m", "{{ slug }}_proof.soak", "--pool=solo", "--loglevel=INFO"),
             *("-n", f"soak-{self.run}-{number}@%h", "--without-mingle", "--without-gossip", "--without-heartbeat"),
         ]
 
@@ -519,7 +520,7 @@ class Queue:
     def __init__(self, run: str) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
 
-        from .consumer import create_queues, sqs_client
+        from {{ cookiecutter.project_slug }}.consumer import create_queues, sqs_client
 
         # the kit's names, with the run's: the queue's name fits SQS's 80 characters with its dead-letter suffix
         for name in ("SQS_QUEUE_URL", "SQS_DEAD_LETTER_QUEUE_URL", "SQS_DEAD_LETTER_QUEUE_NAME"):
@@ -549,7 +550,7 @@ class Queue:
 
     def worker_command(self, number: int) -> list[str]:
         """The kit's consumer, by this module as its command (worker()), which adds only the kills after a take."""
-        return [sys.executable, "-m", "{{ slug }}.soak"]
+        return [sys.executable, "-m", "{{ slug }}_proof.soak"]
 
     def describe(self) -> str:
         return (
@@ -572,7 +573,7 @@ class Queue:
         send_through_the_producer(groups)
 
     def send_bad(self, args: list[Any]) -> None:
-        from .consumer import make_body
+        from {{ cookiecutter.project_slug }}.consumer import make_body
 
         self.bad += self.send_bodies([make_body(*args)])
 
@@ -621,7 +622,8 @@ class Queue:
 def send_through_the_producer(groups: list[list[str]]) -> None:
     """Each key as the app asks for it (producer.enqueue): its record, queued, then its message; a duplicate's
     copies find the record and are sent again, as an app that asks twice sends them."""
-    from .producer import enqueue
+    from {{ cookiecutter.project_slug }}.producer import enqueue
+
     from .try_out import DETAILS
 
     for group in groups:
@@ -902,14 +904,14 @@ def die_after_some_takes() -> Callable[[str], None]:
 
 
 def worker() -> None:
-    """The soak's worker, `python -m {{ slug }}.soak <options>`:
+    """The soak's worker, `python -m {{ slug }}_proof.soak <options>`:
     `celery -A {{ slug }}.celery_app worker <options>`, the kit's app and task, with the soak's
     visibility timeout below the lease allowed, and the kills after a take."""
     from celery.bin.celery import main
     from celery.signals import task_received
 
-    from . import tasks
-    from .celery_app import app
+    from {{ cookiecutter.project_slug }} import tasks
+    from {{ cookiecutter.project_slug }}.celery_app import app
 
     # what differs from the kit's worker, said where it is made (as the replay suite's worker says it): on Redis
     # the visibility timeout (CELERY_VISIBILITY_TIMEOUT) below the lease, and the lock on putting unacknowledged
@@ -929,9 +931,9 @@ def worker() -> None:
 
 
 def worker() -> None:
-    """The soak's worker, `python -m {{ slug }}.soak`: the kit's consumer
+    """The soak's worker, `python -m {{ slug }}_proof.soak`: the kit's consumer
     (`python -m {{ slug }}.consumer`), which dies right after some of the messages it receives."""
-    from .consumer import Consumer, main
+    from {{ cookiecutter.project_slug }}.consumer import Consumer, main
 
     maybe_die = die_after_some_takes()
     receive = Consumer.receive

@@ -4,7 +4,7 @@
 {%- set policy = cookiecutter.stale_claim_policy -%}
 """The try-out: one operation, a worker killed mid-effect, the sweeper, and what the policy makes of it.
 
-    python -m {{ slug }}.operations try-out
+    python -m {{ slug }}_proof try-out
 
 Nothing in it is simulated. It starts these, and stops them at the end:
 {%- if kind == "external_no_reference" %}
@@ -45,12 +45,13 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
-from . import settings
-from .claims import ClaimStore, default_store
+from {{ cookiecutter.project_slug }} import operations, settings
+from {{ cookiecutter.project_slug }}.claims import ClaimStore, default_store
+from {{ cookiecutter.project_slug }}.job import sweep
+from {{ cookiecutter.project_slug }}.producer import publish
+
+from . import PROG
 from .crash_points import PauseOrders
-from .job import sweep
-from .operations import PROG, held_table
-from .producer import publish
 from .sinks import Effects
 
 TABLE = settings.RECORD_TABLE
@@ -82,11 +83,12 @@ def local_queue(folder: Path) -> Iterator[list[str]]:
     # Celery reads these two before its configuration: the user's broker must not see the try-out
     os.environ["CELERY_BROKER_URL"] = "filesystem://localhost/"
     os.environ["CELERY_RESULT_BACKEND"] = f"file://{folder / 'results'}"
-    from .celery_app import app  # the sender's app: imported now, when it reads the try-out's broker
+    # the sender's app: imported now, when it reads the try-out's broker
+    from {{ cookiecutter.project_slug }}.celery_app import app
 
     use_folder_broker(app, folder)
     yield [
-        *(sys.executable, "-m", "celery", "-A", "{{ slug }}.try_out_worker", "worker"),
+        *(sys.executable, "-m", "celery", "-A", "{{ slug }}_proof.try_out_worker", "worker"),
         # solo: the worker process itself runs the task, so the SIGKILL meets it mid-effect
         *("--loglevel=INFO", "--pool=solo", "--without-mingle", "--without-gossip", "--without-heartbeat"),
     ]
@@ -98,7 +100,7 @@ def local_queue(folder: Path) -> Iterator[list[str]]:
     """moto's SQS server on a free port, with the kit's queues made by `create-queues`; the worker's command line."""
     from moto.server import ThreadedMotoServer
 
-    from .consumer import create_queues
+    from {{ cookiecutter.project_slug }}.consumer import create_queues
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server: a line per request
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -121,7 +123,7 @@ def local_queue(folder: Path) -> Iterator[list[str]]:
         )
         queue_url, dead_letter_queue_url = create_queues()
         os.environ.update({"SQS_QUEUE_URL": queue_url, "SQS_DEAD_LETTER_QUEUE_URL": dead_letter_queue_url})
-        yield [sys.executable, "-m", "{{ slug }}.try_out_worker"]
+        yield [sys.executable, "-m", "{{ slug }}_proof.try_out_worker"]
     finally:
         server.stop()
 {%- endif %}
@@ -233,7 +235,7 @@ def try_out() -> int:
     say(f"policy `{settings.STALE_CLAIM_POLICY}`: the record: {record(store, key)}; received: {received}")
 {%- endif %}
     print()
-    print(held_table(store))
+    print(operations.held_table(store))
     print()
 {%- if kind == "same_database" %}
     print(
@@ -244,7 +246,7 @@ def try_out() -> int:
     print(
         f"Held for a person: nothing more happens until someone decides. The effect was received ({received}),\n"
         "so the decision is that it is done; type:\n\n"
-        f'    python -m {PROG} resolve {key} --done --by you --why "the effect was received"\n\n'
+        f'    python -m {operations.PROG} resolve {key} --done --by you --why "the effect was received"\n\n'
         "(--release instead allows one more attempt, when the effect did not happen.)"
     )
 {%- elif policy == "resend" %}
