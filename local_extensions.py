@@ -80,5 +80,4 @@ class ReplayMatrix(Extension):
             answer_problem=macros.answer_problem,
             first_problem=macros.first_problem,
             lease_default=macros.lease_default,
-            dropped=macros.dropped,
         )
