@@ -3,16 +3,17 @@
 cookiecutter renders cookiecutter.json and the hooks without a template loader, so this extension loads
 the macro file once and puts its macros in the Jinja globals: the rules for answers are written once.
 
-It also stops cookiecutter, with one line and before anything is written, when
-- an answer is given under a name that is not a question (`queue_sytem=sidekiq`): cookiecutter drops such a
-  name without a word, before any hook could see it, and the kit would silently get the default. The answers
-  given reach cookiecutter as `extra_context` (command line, API, cruft); this extension reads them from its
-  callers when cookiecutter first builds its environment, before any question is asked;
-- an answer breaks a rule: cookiecutter builds a new environment in `generate_files`, after the questions and
-  before the kit's folder is made, and this extension checks the answers there. A failed hook would do the
-  same, but cookiecutter prints a traceback after it; hooks/pre_gen_project.py stays as the guard for a
-  caller this extension does not recognise.
-The exception raised is the one cookiecutter's command line prints alone (one line, exit status 1).
+It also stops cookiecutter, with one line and before anything is written, when an answer breaks a rule:
+cookiecutter.json's last entry, `__rules`, is a private variable, which cookiecutter renders after every
+question is answered (its documented "private rendered variables"); rendering it calls `refuse_broken`, which
+raises the exception cookiecutter's command line prints alone (one line, exit status 1).
+hooks/pre_gen_project.py stays as the guard for a run that renders no questions (a replay).
+
+One check has no public way in: the answers as given (command line, API, cruft's `extra_context`) before
+cookiecutter renders them or drops the names that are no question (`queue_sytem=sidekiq` would silently give
+the default). `given_answers` reads them from its callers; should a cookiecutter release rename that argument,
+it finds nothing and cookiecutter behaves as it does for any template (test_rules fails first). `tox -e
+generate` checks the given answers itself before it calls cookiecutter.
 """
 
 from __future__ import annotations
@@ -47,16 +48,6 @@ def given_answers() -> dict[str, Any]:
     return {}
 
 
-def answers_being_generated() -> dict[str, Any] | None:
-    """The answers of the kit cookiecutter's `generate_files` is about to write, or None outside it."""
-    for frame in _callers():
-        if frame.f_code.co_name == "generate_files" and frame.f_globals.get("__name__") == "cookiecutter.generate":
-            context: Any = frame.f_locals.get("context")
-            if isinstance(context, dict) and isinstance(context.get("cookiecutter"), dict):
-                return dict(context["cookiecutter"])
-    return None
-
-
 @functools.cache
 def replay_matrix_macros() -> Any:
     """The macro file's module, compiled once per process: cookiecutter builds its environment several times per kit."""
@@ -68,16 +59,23 @@ class ReplayMatrix(Extension):
         super().__init__(environment)
         macros = replay_matrix_macros()
         given = given_answers()
-        problem = str(macros.unknown_answer(given)).strip() or str(macros.given_problem(given)).strip()
-        answers = answers_being_generated()
-        if not problem and answers is not None:
-            problem = str(macros.first_problem(answers)).strip()
-        if problem:
-            # cookiecutter's command line prints this exception's message alone and exits 1; nothing is written
-            raise FailedHookException(f"replay-matrix: {problem}")
+        refuse(str(macros.unknown_answer(given)).strip() or str(macros.given_problem(given)).strip())
         environment.globals.update(
             slug=macros.slug,
             answer_problem=macros.answer_problem,
             first_problem=macros.first_problem,
             lease_default=macros.lease_default,
+            refuse_broken=refuse_broken,
         )
+
+
+def refuse_broken(answers: dict[str, Any]) -> str:
+    """Nothing, for answers that keep every rule; cookiecutter.json's `__rules` renders it after the questions."""
+    refuse(str(replay_matrix_macros().first_problem(answers)).strip())
+    return ""
+
+
+def refuse(problem: str) -> None:
+    if problem:
+        # cookiecutter's command line prints this exception's message alone and exits 1; nothing is written
+        raise FailedHookException(f"replay-matrix: {problem}")

@@ -123,7 +123,7 @@ def test_cookiecutter_refuses_with_our_line(tmp_path: Path, name: str, value: st
     assert says in message
     result = cookiecutter_cli(tmp_path, {name: value})
     assert_refused(tmp_path, result)
-    # local_extensions.py refuses before cookiecutter makes the kit's folder: our line is all it prints
+    # cookiecutter.json's __rules refuses before cookiecutter makes the kit's folder: our line is all it prints
     assert said_only(result) == f"replay-matrix: {message}"
 
 

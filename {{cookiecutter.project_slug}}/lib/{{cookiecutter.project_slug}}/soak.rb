@@ -197,10 +197,17 @@ module {{ mod }}
     end
 
     # Every connection to the database ended, as a restart of the server ends them, once every worker is up (each
-    # holds connections by then).
+    # holds connections by then). A kill may land between the two and leave a worker that has not connected yet:
+    # then again, until the restart has ended a worker's connection or the stall limit passes.
     def restart_database
-      @workers.wait_until_fetching
-      @figures["connections_ended"] = @records.restart_database
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + STALL_SECONDS
+      loop do
+        @workers.wait_until_fetching
+        @figures["connections_ended"] = @records.restart_database
+        break if @figures["connections_ended"].positive? || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+
+        sleep 0.2
+      end
     end
 
     def send_bad_messages
