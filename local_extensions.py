@@ -7,7 +7,9 @@ It also stops cookiecutter, with one line and before anything is written, when a
 cookiecutter.json's last entry, `__rules`, is a private variable, which cookiecutter renders after every
 question is answered (its documented "private rendered variables"); rendering it calls `refuse_broken`, which
 raises the exception cookiecutter's command line prints alone (one line, exit status 1).
-hooks/pre_gen_project.py stays as the guard for a run that renders no questions (a replay).
+hooks/pre_gen_project.py stays as the guard for a run that renders no questions (a replay), and for one where
+Python holds an older revision of this module (`cruft update` renders the old template and then the new one in one
+process, and imports this file once): `__rules` then finds no `refuse_broken` and renders empty.
 
 One check has no public way in: the answers as given (command line, API, cruft's `extra_context`) before
 cookiecutter renders them or drops the names that are no question (`queue_sytem=sidekiq` would silently give

@@ -133,9 +133,9 @@ def test_install_brings_an_earlier_revision_of_the_kit_up_to_date(
     request: pytest.FixtureRequest, tmp_path: Path, stack: str
 ) -> None:
     """An app that holds the kit at its second revision (migrations 1 and 2 applied, not 3; an earlier job; its
-    own effect): the README's install line, run again, writes the third migration after the app's migrations and
-    the kit's changed files, and keeps the app's effect; the app's db:migrate applies it; once more, it writes
-    nothing."""
+    own effect; the soak, which earlier revisions copied into the app): the README's install line, run again,
+    writes the third migration after the app's migrations and the kit's changed files, keeps the app's effect and
+    removes the soak; the app's db:migrate applies it; once more, it writes nothing."""
     require_stack(stack)
     app = tmp_path / "host_app"
     shutil.copytree(HOST, app)
@@ -154,6 +154,8 @@ def test_install_brings_an_earlier_revision_of_the_kit_up_to_date(
         job.write_text(job.read_text() + "# an earlier revision\n")
         effect = app / "app/sidekiq/order_confirmation/effect.rb"
         effect.write_text(effect.read_text() + "# the app's own\n")
+        old_soak = app / "app/sidekiq/order_confirmation/soak.rb"
+        shutil.copy(kit / "spec/soak.rb", old_soak)  # where earlier revisions of the kit copied it
         run(stack, migrate, app, env)
         assert "not migrated to revision 3" in run(stack, problem, app, env)
         applied = psql("SELECT version FROM schema_migrations ORDER BY version", database=name).split()
@@ -164,10 +166,12 @@ def test_install_brings_an_earlier_revision_of_the_kit_up_to_date(
         assert upgraded[:-1] == [
             "updated app/sidekiq/order_confirmation/send_confirmation_job.rb",
             f"wrote db/migrate/{third[0]}",
+            "removed app/sidekiq/order_confirmation/soak.rb: the soak runs from the kit's folder",
             "kept app/sidekiq/order_confirmation/effect.rb, the app's own: compare it with the kit's"
             " lib/order_confirmation/effect.rb",
         ], upgraded
         assert "an earlier revision" not in job.read_text() and "the app's own" in effect.read_text()
+        assert not old_soak.exists()
 
         run(stack, migrate, app, env)
         assert psql("SELECT version FROM schema_migrations ORDER BY version", database=name).split() == [

@@ -8,6 +8,7 @@ table state the new expectations, the edit is still there, and the suite passes 
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import os
@@ -15,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,9 @@ CHANGES = [*POLICY_CHANGES, LEASE_CHANGE]
 EFFECT_FILE = {"python": "src/{slug}/effect.py", "ruby": "lib/{slug}/effect.rb"}
 SUITE_TABLE = {"python": "tests/test_replay.py", "ruby": "spec/replay_spec.rb"}
 USER_EDIT = "# Edited by the client's team: the provider wants a sender name. Keep this line.\n"
+# The template's last commit before its files got plain names (ee84f2d) and the proof tools left the kits'
+# runtime: a kit made by it must update to the template as it stands, as any kit does.
+BEFORE_PLAIN_NAMES = "b58ddd3"
 
 
 def change_id(change: tuple[dict[str, Any], dict[str, Any]]) -> str:
@@ -74,6 +79,24 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return snapshot
 
 
+@pytest.fixture(scope="session")
+def template_history(template: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A repository of two commits: the template at BEFORE_PLAIN_NAMES (from this clone's history), then the
+    template as it stands; the repository, and its first commit."""
+    history = tmp_path_factory.mktemp("history")
+    archive = subprocess.run(["git", "archive", BEFORE_PLAIN_NAMES], cwd=ROOT, capture_output=True, timeout=60)
+    assert archive.returncode == 0, f"this clone lacks the commit {BEFORE_PLAIN_NAMES}: {archive.stderr.decode()}"
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(history, filter="tar")
+    git(history, "init", "-q")
+    commit_all(history, "the template before plain names")
+    before = git(history, "rev-parse", "HEAD").strip()
+    git(history, "rm", "-rq", ".")
+    shutil.copytree(template, history, ignore=shutil.ignore_patterns(".git"), dirs_exist_ok=True, symlinks=True)
+    commit_all(history, "the template as it stands")
+    return history, before
+
+
 def generate(tool: str, template: Path, where: Path, given: dict[str, Any]) -> Path:
     if tool == "copier":
         copier.run_copy(str(template), where, data=given, defaults=True, quiet=True)
@@ -81,8 +104,23 @@ def generate(tool: str, template: Path, where: Path, given: dict[str, Any]) -> P
     return cruft.create(str(template), output_dir=where, extra_context=given, no_input=True)
 
 
-def regenerate(tool: str, kit: Path, new: dict[str, Any]) -> None:
-    """The command each kit's README gives, with the changed answer and nothing else."""
+def generate_at(tool: str, template: Path, ref: str, where: Path, given: dict[str, str]) -> Path:
+    """A kit of the template at `ref`, by each tool's command line: in a process of its own, since cookiecutter
+    imports the template's local_extensions.py once per process and the older revision's must not stay."""
+    if tool == "copier":
+        data = [arg for name, value in given.items() for arg in ("-d", f"{name}={value}")]
+        command = ["copier", "copy", "--defaults", "--quiet", f"--vcs-ref={ref}", *data, str(template), str(where)]
+    else:
+        command = ["cruft", "create", "-y", "--checkout", ref, "--extra-context", json.dumps(given)]
+        command += ["--output-dir", str(where), str(template)]
+    result = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return where if tool == "copier" else next(where.iterdir())
+
+
+def regenerate(tool: str, kit: Path, new: dict[str, Any], ref: str = ":current:") -> None:
+    """The command each kit's README gives, with the changed answer and nothing else (or, given another `ref`,
+    the update to that revision of the template)."""
     if tool == "copier":
         command = [
             sys.executable,
@@ -91,11 +129,12 @@ def regenerate(tool: str, kit: Path, new: dict[str, Any]) -> None:
             "update",
             "--defaults",
             "--quiet",
-            "--vcs-ref=:current:",
+            f"--vcs-ref={ref}",
             *(arg for name, value in new.items() for arg in ("-d", f"{name}={value}")),
         ]
     else:
         command = [sys.executable, "-m", "cruft", "update", "-y", "--variables-to-update", json.dumps(new)]
+        command += [] if ref == ":current:" else ["--checkout", ref]
     result = subprocess.run(command, cwd=kit, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -108,6 +147,26 @@ def kit_files(kit: Path) -> dict[str, bytes]:
         for path in sorted(kit.rglob("*"))
         if path.is_file() and not records & set(path.relative_to(kit).parts)
     }
+
+
+@pytest.mark.parametrize("tool", ["copier", "cruft"])
+@pytest.mark.parametrize("queue_system", sorted(LANGUAGES))
+def test_a_kit_of_the_template_before_plain_names_updates_to_it_cleanly(
+    template_history: tuple[Path, str], tmp_path: Path, tool: str, queue_system: str
+) -> None:
+    """Files renamed, split and moved between the two revisions: the update brings the kit to what a fresh copy
+    of the new template gives, with no conflict."""
+    history, before = template_history
+    given = {"queue_system": queue_system}
+    kit = generate_at(tool, history, before, tmp_path / "kit", given)
+    git(kit, "init", "-q")
+    commit_all(kit, "kit as the older template made it")
+
+    regenerate(tool, kit, {}, ref=git(history, "rev-parse", "HEAD").strip())
+
+    fresh = generate(tool, history, tmp_path / "fresh", given)
+    assert not list(kit.rglob("*.rej")), "the update left rejected hunks"
+    assert kit_files(kit) == kit_files(fresh)
 
 
 def table_line(table: str, attempt: str) -> str:

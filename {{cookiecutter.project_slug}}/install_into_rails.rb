@@ -59,6 +59,13 @@ migrations.each do |migration|
   puts "wrote #{target.delete_prefix("#{app}/")}"
   written += 1
 end
+# Earlier revisions copied the soak into the app; it runs from the kit's folder now (spec/soak.rb).
+old_soak = File.join(app, "app/sidekiq/{{ c.project_slug }}/soak.rb")
+if File.exist?(old_soak)
+  File.delete(old_soak)
+  puts "removed #{old_soak.delete_prefix("#{app}/")}: the soak runs from the kit's folder"
+  written += 1
+end
 kit_effect = File.join(kit, "lib/{{ c.project_slug }}/effect.rb")
 if File.exist?(effect) && !FileUtils.compare_file(kit_effect, effect)
   puts "kept app/sidekiq/{{ c.project_slug }}/effect.rb, the app's own: compare it with the kit's " \

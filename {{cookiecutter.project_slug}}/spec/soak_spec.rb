@@ -5,7 +5,7 @@
 # The soak's own checks (`rake {{ c.project_slug }}:soak` runs the soak itself; tests/test_soak.py of the
 # template runs it against live services): a soak whose verdict could not fail would prove nothing, so
 # the verdict is shown each violation it must find. In a Rails app the kit's files are the app's, autoloaded.
-require_relative "../lib/{{ c.project_slug }}/soak" unless HOST_APP
+require_relative "soak"
 
 RSpec.describe "the soak's checks" do
   let(:soak) { {{ mod }}::Soak }

@@ -8,7 +8,7 @@
 # SOAK_KILL_AFTER_TAKE of its messages while the file SOAK_CHAOS exists
 # ({{ mod }}::Soak::KillAfterTake). Only the soak loads this.
 require_relative "../lib/{{ c.project_slug }}"
-require_relative "../lib/{{ c.project_slug }}/soak"
+require_relative "soak"
 
 Sidekiq.configure_server do |config|
   share = Float(ENV.fetch("SOAK_KILL_AFTER_TAKE"))

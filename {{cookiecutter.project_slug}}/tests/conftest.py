@@ -8,8 +8,8 @@ Two modes, chosen by the environment:
 
 How the queue is driven (deliver, deliver twice at once, die at a crash point, redeliver, sweep) lives in
 {{ q }}_driver.py, which provides the `driver` fixture. Live, the worker processes reach PostgreSQL through a TCP
-proxy (db_proxy.py) that the fault tests stop and start; test_faults.py is part of the live suite only (SQLite has
-no server to lose), so embedded it is not collected at all.
+proxy (db_proxy.py) that the fault tests stop and start; the fault tests (test_faults*.py) are part of the live
+suite only (SQLite has no server to lose), so embedded they are not collected at all.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ KIT_ROOT = Path(__file__).resolve().parents[1]
 KIT_PYTHONPATH = os.pathsep.join([str(KIT_ROOT / "src"), os.environ.get("PYTHONPATH", "")])
 LIVE = bool(os.environ.get("DATABASE_URL"))
 TABLE = settings.RECORD_TABLE
-collect_ignore = [] if LIVE else ["test_faults.py"]
+collect_ignore_glob = [] if LIVE else ["test_faults*.py"]
 
 
 def migrate() -> None:

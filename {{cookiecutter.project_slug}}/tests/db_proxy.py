@@ -3,7 +3,7 @@
 The live driver points the worker processes' DATABASE_URL here (the suite itself keeps the direct URL). `stop`
 closes the listening socket, so new connections are refused, and cuts every open connection both ways: the
 workers' drivers meet a refused port and dead sockets, and PostgreSQL sees its clients go and rolls back what
-they had open. `start` listens again on the same port. Nothing is mocked. test_faults.py uses it.
+they had open. `start` listens again on the same port. Nothing is mocked. The fault tests (test_faults*.py) use it.
 
 The relay runs in a process of its own (`python db_proxy.py HOST PORT`, driven through its stdin and stdout), so
 that the workers' every statement does not wait on the test process's threads (moto's server, the sink).
@@ -35,7 +35,7 @@ class DbProxy:
         self.port = 0
         self.running = False
         self._process: subprocess.Popen[str] | None = None
-        # the sink's thread stops it too (test_faults.py)
+        # the sink's thread stops it too (test_faults_external_effect.py)
         self._lock = threading.Lock()
 
     @property

@@ -1,7 +1,7 @@
 """What the replay suite asks of a queue: the `driver` fixture that each queue's driver module provides.
 
 The tests are written against this protocol only, so every Python kit runs the same seven rows. The live
-drivers also do what the fault tests (test_faults.py) ask: LiveWorkers; and `race` is their sweeper and redelivery
+drivers also do what the fault tests (test_faults*.py) ask: LiveWorkers; and `race` is their sweeper and redelivery
 racing over a stale claim, in processes of their own.
 """
 
@@ -104,9 +104,9 @@ RACERS = ("sweeper", "redelivery")
 
 
 def race(role: str, details: Mapping[str, Any], keys: Any, barrier: Any, results: Any) -> None:
-    """One of two racers for test_faults.py, in a process of its own: for each key it is given, it waits at the
-    barrier, then runs the sweeper or the key's redelivery (job.sweep, job.handle: what a worker runs) and reports
-    whether it won (applied the policy to the stale claim), or what went wrong."""
+    """One of two racers for test_faults_external_effect.py, in a process of its own: for each key it is given,
+    it waits at the barrier, then runs the sweeper or the key's redelivery (job.sweep, job.handle: what a worker
+    runs) and reports whether it won (applied the policy to the stale claim), or what went wrong."""
     from {{ cookiecutter.project_slug }}.job import handle, sweep
 
     while (key := keys.get()) is not None:

@@ -59,13 +59,6 @@ namespace :{{ c.project_slug }} do
     abort e.message
   end
 
-  desc "Soak: OPERATIONS=2000 keys (DUPLICATES=0.3 sent again) through WORKERS=4 sidekiq processes, one killed " \
-       "every KILL_EVERY=3 s; checks the policy (from the kit's folder, not in a Rails app)"
-  task soak: :environment do
-    require_relative "soak" unless defined?(Rails.autoloaders)
-    exit {{ mod }}::Soak.run
-  end
-
   namespace :held do
     desc "List the operations of {{ c.job_type }} that wait for a person: " \
          "held, and failed past Sidekiq's retries"

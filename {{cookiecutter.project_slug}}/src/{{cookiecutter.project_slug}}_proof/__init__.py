@@ -10,3 +10,7 @@ the other way round.
 """
 
 PROG = "{{ slug }}_proof"
+
+
+class BadInput(ValueError):
+    """What keeps a proof command from starting: the message says what is wrong and what would be right."""

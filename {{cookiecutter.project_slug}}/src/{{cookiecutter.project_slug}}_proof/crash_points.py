@@ -6,12 +6,13 @@ What happens at the point is the caller's: a forked child kills itself; a live w
 and goes on where it stopped when the suite sends SIGCONT, as a machine paused past the lease would.
 
 Used by the replay suite (tests/) and by the try-out (try_out.py), which must work from an installed kit: so
-they live here, in the package, once.
+they live here, in the package, once. The soak's kills right after a take (die_after_some_takes) live here too.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import time
 from collections.abc import Callable
@@ -21,6 +22,10 @@ from typing import Any, NoReturn
 CRASH_POINTS = ("before_effect", "after_effect")
 # an order's second word: stop with SIGSTOP at the point, and go on after SIGCONT
 FREEZE = "freeze"
+# The fraction of messages taken after which a soak's worker dies at once (--kill-after-take), as the soak tells
+# its workers, and the line such a worker writes first.
+KILL_AFTER_TAKE_VARIABLE = "REPLAY_SOAK_KILL_AFTER_TAKE"
+KILLED_AFTER_TAKE = "soak: SIGKILL right after taking message"
 
 
 def with_crash_point(perform: Callable[..., None], crash: str, reached: Callable[[], None]) -> Callable[..., None]:
@@ -105,3 +110,17 @@ class PauseOrders:
         if not running():
             raise AssertionError("the worker exited before it reached the crash point")
         raise AssertionError(f"no worker reached the crash point within {timeout} s")
+
+
+def die_after_some_takes() -> Callable[[str], None]:
+    """What the soak's worker calls with each message it takes: for a fraction of them (KILL_AFTER_TAKE_VARIABLE),
+    a line saying so, then SIGKILL to itself, before the message's claim: as the death of a machine right after
+    its worker took a message, a moment a random kill seldom meets."""
+    fraction = float(os.environ.get(KILL_AFTER_TAKE_VARIABLE) or 0)
+
+    def maybe_die(message_id: str) -> None:
+        if random.random() < fraction:
+            print(f"{KILLED_AFTER_TAKE} {message_id}", flush=True)
+            die()
+
+    return maybe_die

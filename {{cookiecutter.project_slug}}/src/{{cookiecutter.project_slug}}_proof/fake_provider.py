@@ -19,7 +19,7 @@ class FakeProvider:
 
     def __init__(self, delay: float = 0.0) -> None:
         self.delay = delay
-        # called with the reference when a POST arrives, before the sender hears back (test_faults.py's)
+        # called with the reference when a POST arrives, before the sender hears back (test_faults_external_effect.py's)
         self.on_arrival: Callable[[str], None] | None = None
         self._references: list[str] = []
         self._failures_to_give = 0

@@ -29,7 +29,7 @@ class SmtpSink:
 
     def __init__(self, delay: float = 0.0) -> None:
         self.delay = delay
-        # called with the key when an email arrives, before the sender hears back (test_faults.py's)
+        # called with the key when an email arrives, before the sender hears back (test_faults_external_effect.py's)
         self.on_arrival: Callable[[str], None] | None = None
         self._keys: list[str] = []
         self._failures_to_give = 0

@@ -29,21 +29,21 @@ It starts these, and stops them at the end:
   runs the task and holds its message, as the death of a machine does, and the broker's own redelivery brings
   the message back. On Redis that takes the visibility timeout, so the soak shortens it for its own workers to
   VISIBILITY_TIMEOUT seconds, below the lease, and says so: the one thing that differs from the kit's worker
-  (`python -m {{ slug }}_proof.soak` runs the worker's command with that allowed).
+  (`python -m {{ slug }}_proof.soak_celery` runs the worker's command with that allowed).
   RabbitMQ brings it back when the dead worker's connection closes.
 {%- else %}
 - a queue and its dead-letter queue of the soak's own (per-run names, made by the kit's `create-queues` with a
   visibility timeout of VISIBILITY_TIMEOUT seconds, so that a dead consumer's message comes back in seconds),
   deleted at the end; and `--workers` processes of the kit's consumer,
-  `python -m {{ slug }}.consumer`, by this module as their command,
-  `python -m {{ slug }}_proof.soak`, for the kills after a take below;
+  `python -m {{ slug }}.consumer`, through `python -m {{ slug }}_proof.soak_sqs`, for the kills after a
+  take below;
 {%- endif %}
 - a chaos loop that kills a random worker with SIGKILL every `--kill-every` seconds (jittered, counted from the
   moment the last replacement is ready) and starts another in its place;
 - kills aimed where a random one seldom lands, right after a worker took a message and before its claim: a
   fraction `--kill-after-take` of the messages taken, the worker that took it SIGKILLs itself at once (the soak's
-  workers run this module as their command, which adds only that; it writes a line first, so the soak knows the
-  death for one it ordered, and starts another in its place).
+  workers run soak_{{ cookiecutter.queue_system }}.py as their command, which adds only that; it writes a line first, so the soak
+  knows the death for one it ordered, and starts another in its place).
 
 It sends the keys SOAK-<run>-00001 ... through the kit's producer (each key's record, queued, then its message;
 at most BACKLOG ahead of the workers), a fraction `--duplicates` of them two or three times (half of those back
@@ -88,19 +88,16 @@ from sqlalchemy import Row, bindparam, text
 from {{ cookiecutter.project_slug }} import settings
 from {{ cookiecutter.project_slug }}.claims import ClaimStore, default_store
 from {{ cookiecutter.project_slug }}.job import sweep
-{%- if celery %}
-from {{ cookiecutter.project_slug }}.producer import TASK_NAME
-{%- endif %}
+from {{ cookiecutter.project_slug }}.producer import enqueue
 
-from . import PROG
-
-# The command's other parts (the effect's receiver, the reports) are imported where they are used: the worker
-# that runs this module as its command needs none of them, and starts the faster for it.
+from . import PROG, BadInput
+from .crash_points import KILL_AFTER_TAKE_VARIABLE, KILLED_AFTER_TAKE
+from .report import SOAK, rerender
+from .soak_{{ cookiecutter.queue_system }} import Queue
+from .try_out import DETAILS, effects_received, missing_table
 
 TABLE = settings.RECORD_TABLE
 JOB_TYPE = settings.JOB_TYPE
-# Seconds before the broker hands a dead worker's message out again: the soak's own workers only.
-VISIBILITY_TIMEOUT = 5
 # Seconds the receiver takes to answer each effect, so that some kills land while the worker waits for it.
 EFFECT_DELAY = 0.005
 # Every wait is bounded: this long without progress ends it.
@@ -137,19 +134,6 @@ TABLE_ROWS = (
     ("seconds", "seconds"),
     ("throughput (operations/s)", "throughput"),
 )
-{%- if celery %}
-READY = b" ready."
-{%- else %}
-READY = b"consumer ready"
-{%- endif %}
-# The fraction of messages taken after which the worker dies at once (--kill-after-take), as the soak tells its
-# workers, and the line such a worker writes first.
-KILL_AFTER_TAKE_VARIABLE = "REPLAY_SOAK_KILL_AFTER_TAKE"
-KILLED_AFTER_TAKE = "soak: SIGKILL right after taking message"
-
-
-class BadInput(ValueError):
-    """What keeps the soak from starting: the message says what is wrong and what would be right."""
 
 
 class Steps:
@@ -228,8 +212,9 @@ def make_plan(operations: int, duplicates: float, rng: random.Random, run: str) 
 class Workers:
     """The worker processes, and the chaos loop that kills them."""
 
-    # the command line of the worker of a number
+    # the command line of the worker of a number, and what it writes once it takes messages
     command: Callable[[int], list[str]]
+    ready_line: bytes
     folder: Path
     rng: random.Random
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
@@ -254,7 +239,7 @@ class Workers:
         return process
 
     def is_ready(self, process: subprocess.Popen[bytes]) -> bool:
-        if process.pid not in self.ready and READY in self.logs[process.pid].read_bytes()[:200_000]:
+        if process.pid not in self.ready and self.ready_line in self.logs[process.pid].read_bytes()[:200_000]:
             self.ready.add(process.pid)
         return process.pid in self.ready
 
@@ -412,220 +397,11 @@ def wait_for(
         if now != last:
             last, since = now, time.monotonic()
     return last
-{%- if celery %}
-
-
-class Queue:
-    """The soak's own Celery queue on the broker of CELERY_BROKER_URL, and its workers' command."""
-
-    def __init__(self, run: str) -> None:
-        url = os.environ.get("CELERY_BROKER_URL", "")
-        if not url.startswith(("redis://", "rediss://", "amqp://", "amqps://", "pyamqp://")):
-            raise BadInput(f"CELERY_BROKER_URL must be a Redis or RabbitMQ URL (redis://, amqp://), not {url!r}")
-        # The workers and this process use the soak's queue; on Redis, the soak's visibility timeout.
-        os.environ["CELERY_QUEUE"] = f"{JOB_TYPE}-soak-{run}"
-        os.environ["CELERY_VISIBILITY_TIMEOUT"] = str(VISIBILITY_TIMEOUT)
-        from .report import broker
-
-        self.broker = broker()
-        if " unknown (" in self.broker:
-            raise BadInput(f"the broker of CELERY_BROKER_URL does not answer: {self.broker}")
-        from {{ cookiecutter.project_slug }}.celery_app import app
-
-        self.app = app
-        self.redis = not settings.on_rabbitmq()
-        # why a key may stay queued, said when it happens
-        self.late = (
-            "{{ soak_facts.late.redis|wordwrap(100, wrapstring=' "\n            "') }}"
-            if self.redis
-            else "{{ soak_facts.late.rabbitmq|wordwrap(100, wrapstring=' "\n            "') }}"
-        )
-        self.run = run
-        self.bad: list[str] = []
-
-    def worker_command(self, number: int) -> list[str]:
-        """The kit's worker (solo pool: one process runs the task and holds its message), by this module as its
-        command, which only allows the shortened visibility timeout."""
-        return [
-            *(sys.executable, "-m", "{{ slug }}_proof.soak", "--pool=solo", "--loglevel=INFO"),
-            *("-n", f"soak-{self.run}-{number}@%h", "--without-mingle", "--without-gossip", "--without-heartbeat"),
-        ]
-
-    def describe(self) -> str:
-        if self.redis:
-            return (
-                f"{self.broker}, queue {settings.queue_name()}; the soak's workers have a visibility timeout of"
-                f" {VISIBILITY_TIMEOUT} s, below the lease ({settings.LEASE_SECONDS} s; the kit's is"
-                f" {settings.VISIBILITY_TIMEOUT_SECONDS} s), so that a killed worker's message comes back in seconds,"
-                f" and the lock on putting messages back expires after {VISIBILITY_TIMEOUT} s (Redis's default: 300 s)"
-            )
-        return (
-            f"{self.broker}, queue {settings.queue_name()}; a killed worker's message comes back when its connection"
-            " closes"
-        )
-
-    def send(self, groups: list[list[str]]) -> None:
-        """The keys' messages, in order, through the kit's producer: each key's record first, then its message."""
-        send_through_the_producer(groups)
-
-    def send_bad(self, args: list[Any]) -> None:
-        """A message the task must refuse; its result is kept, to see that it was refused, not retried."""
-        self.bad.append(str(self.app.send_task(TASK_NAME, args=args, queue=settings.queue_name()).id))
-
-    def send_bad_keys(self) -> None:
-        self.send_bad(["", {}])
-        self.send_bad([12345, {}])
-
-    def refused(self) -> int:
-        return sum(self.app.backend.get_task_meta(task_id)["status"] == "FAILURE" for task_id in self.bad)
-
-    def bad_message_problems(self) -> list[str]:
-        problems = []
-        for task_id in self.bad:
-            meta = self.app.backend.get_task_meta(task_id)
-            error = type(meta["result"]).__name__
-            if meta["status"] != "FAILURE" or error not in ("BadMessage", "PayloadConflict"):
-                problems.append(f"bad message {task_id}: {meta['status']} ({error}), not refused at once")
-        return problems
-
-    def forget_unacknowledged(self, channel: Any) -> None:
-        """Redis keeps a killed worker's unacknowledged messages aside until a worker puts them back: those of the
-        soak's queue go with it (the others, of other queues on this Redis database, are left alone)."""
-        client = channel.client
-        for tag, entry in client.hscan_iter(channel.unacked_key):
-            _message, _exchange, routing_key = json.loads(entry)
-            if routing_key == settings.queue_name():
-                client.hdel(channel.unacked_key, tag)
-                client.zrem(channel.unacked_index_key, tag)
-
-    def close(self) -> None:
-        from celery.result import AsyncResult
-
-        for task_id in self.bad:
-            AsyncResult(task_id, app=self.app).forget()
-        with self.app.connection_for_write() as connection:
-            channel = connection.default_channel
-            if self.redis:
-                self.forget_unacknowledged(channel)
-            queue = self.app.amqp.queues[settings.queue_name()](channel)
-            queue.declare()  # the channel learns the queue's bindings, which delete() then removes
-            queue.purge()
-            queue.delete()
-{%- else %}
-
-
-class Queue:
-    """The soak's own SQS queue and dead-letter queue, made with the kit's redrive policy, and deleted after."""
-
-    def __init__(self, run: str) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        from {{ cookiecutter.project_slug }}.consumer import create_queues, sqs_client
-
-        # the kit's names, with the run's: the queue's name fits SQS's 80 characters with its dead-letter suffix
-        for name in ("SQS_QUEUE_URL", "SQS_DEAD_LETTER_QUEUE_URL", "SQS_DEAD_LETTER_QUEUE_NAME"):
-            os.environ.pop(name, None)
-        os.environ.update(
-            {
-                "SQS_QUEUE_NAME": f"{JOB_TYPE[:40]}-soak-{run}",
-                "SQS_VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT),
-                "SQS_WAIT_TIME_SECONDS": "1",
-                # the soak runs the sweeper itself, once the workers have stopped
-                "SQS_SWEEP_EVERY_SECONDS": "0",
-            }
-        )
-        try:
-            self.client = sqs_client()
-            self.url, self.dead_letter_url = create_queues(self.client)
-        except (BotoCoreError, ClientError) as error:
-            raise BadInput(f"SQS refused to make the soak's queues: {error}") from None
-        os.environ.update({"SQS_QUEUE_URL": self.url, "SQS_DEAD_LETTER_QUEUE_URL": self.dead_letter_url})
-        endpoint = settings.sqs_endpoint_url()
-        self.broker = f"SQS at {endpoint}" if endpoint else f"Amazon SQS, {self.client.meta.region_name}"
-        self.bad: list[str] = []
-        # why a key may stay queued, said when it happens
-        self.late = (
-            "{{ soak_facts.late.sqs|wordwrap(100, wrapstring=' "\n            "') }}"
-        )
-
-    def worker_command(self, number: int) -> list[str]:
-        """The kit's consumer, by this module as its command (worker()), which adds only the kills after a take."""
-        return [sys.executable, "-m", "{{ slug }}_proof.soak"]
-
-    def describe(self) -> str:
-        return (
-            f"{self.broker}, queue {settings.queue_name()} and its dead-letter queue, with a visibility timeout of"
-            f" {VISIBILITY_TIMEOUT} s, so that a dead consumer's message comes back in seconds"
-        )
-
-    def send_bodies(self, bodies: list[str]) -> list[str]:
-        ids = []
-        for start in range(0, len(bodies), 10):  # SQS takes ten at a time
-            entries = [{"Id": str(n), "MessageBody": body} for n, body in enumerate(bodies[start : start + 10])]
-            sent = self.client.send_message_batch(QueueUrl=self.url, Entries=entries)
-            if sent.get("Failed"):
-                raise RuntimeError(f"SQS did not take messages: {sent['Failed']}")
-            ids += [entry["MessageId"] for entry in sorted(sent["Successful"], key=lambda entry: int(entry["Id"]))]
-        return ids
-
-    def send(self, groups: list[list[str]]) -> None:
-        """The keys' messages, in order, through the kit's producer: each key's record first, then its message."""
-        send_through_the_producer(groups)
-
-    def send_bad(self, args: list[Any]) -> None:
-        from {{ cookiecutter.project_slug }}.consumer import make_body
-
-        self.bad += self.send_bodies([make_body(*args)])
-
-    def send_bad_keys(self) -> None:
-        self.bad += self.send_bodies(["not JSON"])
-        self.send_bad(["", {}])
-
-    def refused(self) -> int:
-        attributes = self.client.get_queue_attributes(
-            QueueUrl=self.dead_letter_url,
-            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-        )["Attributes"]
-        return sum(int(value) for value in attributes.values())
-
-    def bad_message_problems(self) -> list[str]:
-        """The dead-letter queue must hold the bad messages, and nothing else."""
-        found: dict[str, tuple[str, str]] = {}
-        empty = 0
-        while empty < 2:
-            received = self.client.receive_message(
-                QueueUrl=self.dead_letter_url,
-                MaxNumberOfMessages=10,
-                WaitTimeSeconds=1,
-                VisibilityTimeout=120,
-                MessageAttributeNames=["All"],
-            ).get("Messages", [])
-            empty = 0 if received else empty + 1
-            for message in received:
-                # the consumer names the original; a message that SQS's redrive moved keeps its own id
-                attributes = message.get("MessageAttributes", {})
-                original = attributes.get("original_message_id", {}).get("StringValue", message["MessageId"])
-                found[message["MessageId"]] = (original, message["Body"])
-        dead = {original for original, _ in found.values()}
-        healthy = [body for original, body in found.values() if original not in self.bad]
-        missing = [message_id for message_id in self.bad if message_id not in dead]
-        return [f"a healthy message in the dead-letter queue: {body}" for body in healthy] + [
-            f"bad message {message_id} is not in the dead-letter queue" for message_id in missing
-        ]
-
-    def close(self) -> None:
-        for url in (self.url, self.dead_letter_url):
-            self.client.delete_queue(QueueUrl=url)
-{%- endif %}
 
 
 def send_through_the_producer(groups: list[list[str]]) -> None:
     """Each key as the app asks for it (producer.enqueue): its record, queued, then its message; a duplicate's
     copies find the record and are sent again, as an app that asks twice sends them."""
-    from {{ cookiecutter.project_slug }}.producer import enqueue
-
-    from .try_out import DETAILS
-
     for group in groups:
         for key in group:
             enqueue(key, DETAILS)
@@ -661,8 +437,6 @@ def check_options(operations: int, workers: int, kill_every: float, duplicates: 
 
 
 def check_database(store: ClaimStore) -> None:
-    from .try_out import missing_table
-
     if store.engine.dialect.name != "postgresql":
         raise BadInput(
             "DATABASE_URL must be PostgreSQL (postgresql://...): the soak's worker processes claim at once in one"
@@ -710,7 +484,7 @@ def process(
         restarted = False
         for start in range(0, len(plan.groups), 20):
             chunk = plan.groups[start : start + 20]
-            queue.send(chunk)
+            send_through_the_producer(chunk)
             sent.update(key for group in chunk for key in group)
             wait_for(progress, len(sent) - BACKLOG, pool.replace_exited)
             if not restarted and len(sent) >= len(plan.keys) // 2:
@@ -776,9 +550,6 @@ def soak(
     kill_after_take: float = 0.005,
 ) -> int:
     """The command; its exit status."""
-    from .report import SOAK, rerender
-    from .try_out import effects_received
-
     say = Steps()
     try:
         check_options(operations, workers, kill_every, duplicates, kill_after_take)
@@ -803,7 +574,7 @@ def soak(
         return 2
     folder = Path(tempfile.mkdtemp(prefix="soak-"))
     os.environ[KILL_AFTER_TAKE_VARIABLE] = str(kill_after_take)
-    pool = Workers(queue.worker_command, folder, rng)
+    pool = Workers(queue.worker_command, queue.ready, folder, rng)
     try:
         with effects_received(store, EFFECT_DELAY) as effects:
             say(f"soak {run}: {operations} operations of {JOB_TYPE}, policy {settings.STALE_CLAIM_POLICY}, seed {seed}")
@@ -884,70 +655,3 @@ def soak(
     shutil.rmtree(folder, ignore_errors=True)
     say(f"passed: {'; '.join(['no violation', *(f'{v} {k}' for k, v in statuses.items())])}")
     return 0
-
-
-def die_after_some_takes() -> Callable[[str], None]:
-    """What the soak's worker calls with each message it takes: for a fraction of them (KILL_AFTER_TAKE_VARIABLE),
-    a line saying so, then SIGKILL to itself, before the message's claim: as the death of a machine right after
-    its worker took a message, a moment a random kill seldom meets."""
-    from .crash_points import die
-
-    fraction = float(os.environ.get(KILL_AFTER_TAKE_VARIABLE) or 0)
-
-    def maybe_die(message_id: str) -> None:
-        if random.random() < fraction:
-            print(f"{KILLED_AFTER_TAKE} {message_id}", flush=True)
-            die()
-
-    return maybe_die
-{%- if celery %}
-
-
-def worker() -> None:
-    """The soak's worker, `python -m {{ slug }}_proof.soak <options>`:
-    `celery -A {{ slug }}.celery_app worker <options>`, the kit's app and task, with the soak's
-    visibility timeout below the lease allowed, and the kills after a take."""
-    from celery.bin.celery import main
-    from celery.signals import task_received
-
-    from {{ cookiecutter.project_slug }} import tasks
-    from {{ cookiecutter.project_slug }}.celery_app import app
-
-    # what differs from the kit's worker, said where it is made (as the replay suite's worker says it): on Redis
-    # the visibility timeout (CELERY_VISIBILITY_TIMEOUT) below the lease, and the lock on putting unacknowledged
-    # messages back expires as fast: a worker killed while it held the lock would stop every redelivery for the
-    # lock's 300 s otherwise
-    tasks.VISIBILITY_BELOW_LEASE_ALLOWED = True
-    app.conf.broker_transport_options = {
-        **app.conf.broker_transport_options,
-        "unacked_mutex_expire": VISIBILITY_TIMEOUT,
-    }
-    # task_received: the consumer holds the message, unacknowledged (acks_late), and the task has not started
-    maybe_die = die_after_some_takes()
-    task_received.connect(lambda request, **_: maybe_die(request.id), weak=False)
-    sys.argv = ["celery", "-A", "{{ slug }}.celery_app", "worker", *sys.argv[1:]]
-    main()
-{%- else %}
-
-
-def worker() -> None:
-    """The soak's worker, `python -m {{ slug }}_proof.soak`: the kit's consumer
-    (`python -m {{ slug }}.consumer`), which dies right after some of the messages it receives."""
-    from {{ cookiecutter.project_slug }}.consumer import Consumer, main
-
-    maybe_die = die_after_some_takes()
-    receive = Consumer.receive
-
-    def receive_or_die(self: Consumer, max_messages: int = 1, wait_seconds: int | None = None) -> list[dict[str, Any]]:
-        messages = receive(self, max_messages, wait_seconds)
-        for message in messages:
-            maybe_die(str(message["MessageId"]))
-        return messages
-
-    Consumer.receive = receive_or_die  # type: ignore[method-assign]
-    sys.exit(main([]))
-{%- endif %}
-
-
-if __name__ == "__main__":
-    worker()

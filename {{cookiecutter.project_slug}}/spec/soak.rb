@@ -38,7 +38,7 @@ module {{ mod }}
     # The run could not go on (a worker that exits by itself, a queue that stops draining): exit status 1.
     class Stopped < StandardError; end
 
-    ROOT = File.expand_path("../..", __dir__)
+    ROOT = File.expand_path("..", __dir__)
     QUEUE = "default"
     # The worker as the README runs it, `sidekiq -r ./lib/{{ c.project_slug }}.rb -q default`, through a file
     # that loads the kit and adds KillAfterTake (below), and only that.
@@ -197,17 +197,9 @@ module {{ mod }}
     end
 
     # Every connection to the database ended, as a restart of the server ends them, once every worker is up (each
-    # holds connections by then). A kill may land between the two and leave a worker that has not connected yet:
-    # then again, until the restart has ended a worker's connection or the stall limit passes.
+    # holds connections by then).
     def restart_database
-      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + STALL_SECONDS
-      loop do
-        @workers.wait_until_fetching
-        @figures["connections_ended"] = @records.restart_database
-        break if @figures["connections_ended"].positive? || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-
-        sleep 0.2
-      end
+      @figures["connections_ended"] = @workers.once_fetching { @records.restart_database }
     end
 
     def send_bad_messages
@@ -523,6 +515,19 @@ module {{ mod }}
           raise Stopped, "the workers did not start in #{STALL_SECONDS} s" if late
 
           sleep 0.1
+        end
+      end
+
+      # The block's count once every worker fetches, asked again until it is positive or STALL_SECONDS pass: a kill
+      # may land in between and leave only a worker that has not connected yet.
+      def once_fetching
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + STALL_SECONDS
+        loop do
+          wait_until_fetching
+          count = yield
+          return count if count.positive? || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+
+          sleep 0.2
         end
       end
 
