@@ -68,5 +68,19 @@ def invalid_combinations() -> list[dict[str, str]]:
     return [combo for combo in every if problem(answers(**combo))]
 
 
+def covering(cells: list[dict[str, str]], names: list[str]) -> list[dict[str, str]]:
+    """A few of `cells` in which every value of each of `names` appears at least once: the first cell, then each
+    time the one that adds the most values not yet seen (the earliest among equals). For what is proven apart
+    from the whole matrix (a kit inside a host app): every policy, effect kind and broker once, not every cell."""
+    values = [{(name, cell[name]) for name in names} for cell in cells]
+    wanted = set().union(*values)
+    chosen, seen = [0], set(values[0])
+    while seen != wanted:
+        best = max(range(len(cells)), key=lambda n: len(values[n] - seen))
+        chosen.append(best)
+        seen |= values[best]
+    return [cells[n] for n in chosen]
+
+
 def combo_id(combo: dict[str, str]) -> str:
     return "-".join(combo.values())

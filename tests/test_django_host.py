@@ -1,4 +1,5 @@
-"""A Celery kit added to an existing Django project, for every Celery combination.
+"""A Celery kit added to an existing Django project, for a covering set of the Celery combinations and brokers
+(every policy, effect kind and broker at least once: test_kits runs every combination on every broker alone).
 
 The project (tests/django_host) has its own Celery app (`proj/celery.py`: Django's settings with the CELERY_
 namespace, autodiscover_tasks()), its own app `customers` with a model and a migration, and PostgreSQL from
@@ -25,14 +26,18 @@ from pathlib import Path
 
 import pytest
 from generate import readme_commands, with_cookiecutter
-from matrix import DEFAULTS, combinations, combo_id
-from services import postgres_database, psql, redis, redis_database, smtp_sink
+from matrix import DEFAULTS, combinations, combo_id, covering
+from services import postgres_database, psql, rabbitmq_vhost, redis, redis_database, smtp_sink
 from test_kits import assert_report, run_name
 
 HOST = Path(__file__).parent / "django_host"
 SECTION = "Add to a Django project"
 CELERY = [combo for combo in combinations() if combo["queue_system"] == "celery"]
-# the combination whose README section runs to the end, worker and operation included
+CELLS = covering(
+    [combo | {"broker": broker} for combo in CELERY for broker in ("redis", "rabbitmq")],
+    ["effect_kind", "stale_claim_policy", "broker"],
+)
+# the combination whose README section runs to the end, worker and operation included (the first cell, on Redis)
 WALKTHROUGH = {name: DEFAULTS[name] for name in CELERY[0]}
 TABLE = DEFAULTS["record_table"]
 
@@ -54,8 +59,10 @@ def virtualenv(folder: Path) -> Path:
 
 @pytest.mark.live
 @pytest.mark.xdist_group("django_host")
-@pytest.mark.parametrize("combo", CELERY, ids=combo_id)
-def test_kit_inside_a_django_project(request: pytest.FixtureRequest, tmp_path: Path, combo: dict[str, str]) -> None:
+@pytest.mark.parametrize("cell", CELLS, ids=combo_id)
+def test_kit_inside_a_django_project(request: pytest.FixtureRequest, tmp_path: Path, cell: dict[str, str]) -> None:
+    combo = {name: value for name, value in cell.items() if name != "broker"}
+    on_redis = cell["broker"] == "redis"
     kit = with_cookiecutter(tmp_path, combo)
     slug = kit.name
     project = tmp_path / "django_host"  # beside the kit, as the README has it
@@ -66,10 +73,10 @@ def test_kit_inside_a_django_project(request: pytest.FixtureRequest, tmp_path: P
     removed = ("DATABASE_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "REPLAY_HOST_APP", "PYTHONPATH")
     env = {k: v for k, v in os.environ.items() if k not in (*removed, "DJANGO_SETTINGS_MODULE")}
     env |= {"PATH": f"{bin_dir}{os.pathsep}{env['PATH']}", "VIRTUAL_ENV": str(bin_dir.parent)}
-    with postgres_database(run_name(request)) as database, redis_database() as broker, smtp_sink() as (smtp, mail):
+    broker_service = redis_database() if on_redis else rabbitmq_vhost(run_name(request))
+    with postgres_database(run_name(request)) as database, broker_service as broker, smtp_sink() as (smtp, mail):
         env |= {"DATABASE_URL": database, "CELERY_BROKER_URL": broker, **smtp}
         name = database.rsplit("/", 1)[1]
-        redis_db = int(broker.rsplit("/", 1)[1])
 
         def run(command: str) -> str:
             result = subprocess.run(
@@ -131,7 +138,9 @@ def test_kit_inside_a_django_project(request: pytest.FixtureRequest, tmp_path: P
             fact["name"]: fact["value"] for fact in json.loads((kit / "replay-report.json").read_text())["environment"]
         }
         assert facts["Host application"] == "proj.celery:app"
-        assert redis(redis_db, "KEYS", "celery-task-meta-*") == "", "the suite left results in Redis"
+        if on_redis:
+            redis_db = int(broker.rsplit("/", 1)[1])
+            assert redis(redis_db, "KEYS", "celery-task-meta-*") == "", "the suite left results in Redis"
 
         if walkthrough:
             key = DEFAULTS["example_key"]

@@ -27,4 +27,7 @@ DATABASES = {
 }
 
 CELERY_BROKER_URL = os.environ["CELERY_BROKER_URL"]
-CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", CELERY_BROKER_URL)
+# Results where the broker keeps them: in Redis, or through RabbitMQ as replies (Celery 5 stores none in amqp://).
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or (
+    CELERY_BROKER_URL if CELERY_BROKER_URL.startswith("redis") else "rpc://"
+)
