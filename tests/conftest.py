@@ -24,6 +24,8 @@ def pytest_configure(config: Any) -> None:
         # its command line (test_interactive) or through cruft (test_questions, test_regenerate) does not.
         os.environ["TMPDIR"] = tempfile.mkdtemp(prefix=f"replay-matrix-{run_id[:8]}-")
         tempfile.tempdir = None  # read TMPDIR again
+        # Each set of answers baked once per run, then copied (generate.baked)
+        os.environ["REPLAY_KIT_CACHE"] = os.path.join(os.environ["TMPDIR"], "kits")
 
 
 def pytest_unconfigure(config: Any) -> None:
@@ -54,3 +56,14 @@ def pytest_sessionfinish(session: Any) -> None:
     if not hasattr(session.config, "workerinput") and matrix_report.results_file().exists():
         page = matrix_report.render(finished=True)
         print(f"\nthe matrix report: {page}")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The timing table (tests/timing.py), by the process that is not a worker."""
+    if hasattr(terminalreporter.config, "workerinput"):
+        return
+    import matrix_report
+    import timing
+
+    reports = [report for outcome in terminalreporter.stats.values() for report in outcome]
+    terminalreporter.write(timing.table(reports, matrix_report.results()))

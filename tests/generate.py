@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import io
 import json
+import os
+import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -63,6 +67,26 @@ def with_cookiecutter(output_dir: Path, answers: dict[str, Any]) -> Path:
     except (CookiecutterException, ValueError) as error:
         raise GenerationFailed(stderr.getvalue() + str(error)) from error
     return Path(folder)
+
+
+def baked(output_dir: Path, answers: dict[str, Any]) -> Path:
+    """A kit of these answers in output_dir, as with_cookiecutter bakes it. Within a test run (REPLAY_KIT_CACHE,
+    shared by pytest's workers) each set of answers is baked once and copied: the suites, soaks and host apps
+    test the kit, not its generation, which tests/test_generate.py and the answer tests do with_cookiecutter."""
+    cache = os.environ.get("REPLAY_KIT_CACHE")
+    if not cache:
+        return with_cookiecutter(output_dir, answers)
+    key = hashlib.sha256(json.dumps(answers, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    folder = Path(cache) / key
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with (Path(cache) / f"{key}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one process bakes it; the others wait, then copy
+        if not folder.exists():
+            staging = Path(tempfile.mkdtemp(dir=cache))
+            with_cookiecutter(staging, answers)
+            staging.rename(folder)
+    (kit,) = folder.iterdir()
+    return Path(shutil.copytree(kit, output_dir / kit.name, symlinks=True))
 
 
 def with_copier(destination: Path, answers: dict[str, Any]) -> Path:

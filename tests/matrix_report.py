@@ -64,11 +64,16 @@ def record(combo: dict[str, str], mode: str, variant: str | None, seconds: float
     render()
 
 
+def results() -> list[dict[str, Any]]:
+    """The suites recorded so far in this run, one dict each (combo, column, seconds, passed, report)."""
+    return [json.loads(line) for line in results_file().read_text().splitlines()] if results_file().exists() else []
+
+
 def render(finished: bool = False) -> Path:
     """Writes index.html from what this run has planned and done so far."""
     planned_file = MATRIX / f"planned-{RUN_ID}.json"
     planned = json.loads(planned_file.read_text()) if planned_file.exists() else []
-    done = [json.loads(line) for line in results_file().read_text().splitlines()] if results_file().exists() else []
+    done = results()
     page = MATRIX / "index.html"
     page.write_text(matrix_page(planned, done, finished))
     return page

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from app_history import APP_REVISION, alembic, assert_app_history_intact, give_app_history, versions
-from generate import with_cookiecutter
+from generate import baked
 from services import postgres_database, psql
 from test_kits import run_name
 
@@ -19,7 +19,7 @@ from test_kits import run_name
 @pytest.mark.live
 @pytest.mark.parametrize("queue_system", ["celery", "sqs"])
 def test_kit_migrates_beside_an_app_history(request: pytest.FixtureRequest, tmp_path: Path, queue_system: str) -> None:
-    kit = with_cookiecutter(tmp_path, {"queue_system": queue_system})
+    kit = baked(tmp_path, {"queue_system": queue_system})
     with postgres_database(run_name(request)) as url:
         database = url.rsplit("/", 1)[1]
         give_app_history(url)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from generate import readme_commands, with_cookiecutter
+from generate import baked, readme_commands
 from services import postgres_database, psql, rabbitmq_vhost, redis_database
 from test_kits import run_name
 
@@ -130,7 +130,7 @@ def test_benchmark_commands_print_every_goal(
     request: pytest.FixtureRequest,
     tmp_path: Path,
 ) -> None:
-    kit = with_cookiecutter(tmp_path, {"queue_system": queue_system, "effect_kind": effect_kind})
+    kit = baked(tmp_path, {"queue_system": queue_system, "effect_kind": effect_kind})
     benchmark, scale = readme_commands(kit, "The benchmark")
     assert benchmark.startswith("python benchmarks/benchmark.py") and scale.startswith("python benchmarks/scale.py")
     env = {

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
-from generate import readme_commands, with_cookiecutter
+from generate import baked, readme_commands
 from matrix import DEFAULTS, combinations, combo_id, covering
 from services import postgres_database, psql, rabbitmq_vhost, redis, redis_database, smtp_sink
 from test_kits import assert_report, run_name
@@ -63,7 +63,7 @@ def virtualenv(folder: Path) -> Path:
 def test_kit_inside_a_django_project(request: pytest.FixtureRequest, tmp_path: Path, cell: dict[str, str]) -> None:
     combo = {name: value for name, value in cell.items() if name != "broker"}
     on_redis = cell["broker"] == "redis"
-    kit = with_cookiecutter(tmp_path, combo)
+    kit = baked(tmp_path, combo)
     slug = kit.name
     project = tmp_path / "django_host"  # beside the kit, as the README has it
     shutil.copytree(HOST, project)

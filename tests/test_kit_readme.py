@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from generate import readme_commands, with_cookiecutter
+from generate import baked, readme_commands
 from services import postgres_database, psql, redis_database, smtp_sink
 from test_kits import run_name
 
@@ -47,7 +47,7 @@ def until(what: str, check: Callable[[], bool], seconds: float = 30) -> None:
 
 @pytest.mark.live
 def test_sidekiq_readme_commands_run_as_written(request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    kit = with_cookiecutter(tmp_path, COMBO)
+    kit = baked(tmp_path, COMBO)
     install, migrate, worker, enqueue = readme_commands(kit, "On its own")
     held_list, resolve_done, resolve_again = readme_commands(kit, "A person's task")
     status_command, cron_line = readme_commands(kit, "The status, for a monitor")
@@ -167,7 +167,7 @@ def test_sidekiq_readme_commands_run_as_written(request: pytest.FixtureRequest, 
 def test_sidekiq_same_database_benchmark_runs_as_written(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """The same-database kit's benchmark, whose claim runs inside the job's ActiveRecord transaction (Claims::Guest):
     every goal printed, the floors inside such a transaction too, the throughput floor, and nothing left."""
-    kit = with_cookiecutter(tmp_path, COMBO | {"effect_kind": "same_database"})
+    kit = baked(tmp_path, COMBO | {"effect_kind": "same_database"})
     benchmark = shlex.join(shlex.split(readme_commands(kit, "The benchmark")[0], comments=True))
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     with postgres_database(run_name(request)) as database, redis_database() as redis:

@@ -26,7 +26,7 @@ import matrix_report
 import pytest
 import ruby_stacks
 from app_history import assert_app_history_intact, give_app_history
-from generate import with_cookiecutter
+from generate import baked
 from matrix import combinations, combo_id, expected
 from services import postgres_database, rabbitmq_vhost, redis_database
 
@@ -59,7 +59,7 @@ def kit_language(kit: Path) -> str | None:
 def _languages() -> dict[str, str]:
     with tempfile.TemporaryDirectory() as scratch:
         found = {
-            queue: kit_language(with_cookiecutter(Path(scratch) / queue, {"queue_system": queue}))
+            queue: kit_language(baked(Path(scratch) / queue, {"queue_system": queue}))
             for queue in sorted({combo["queue_system"] for combo in combinations()})
         }
     return {queue: language for queue, language in found.items() if language}
@@ -152,7 +152,7 @@ def assert_report(
 def test_kit_suite_proves_the_policy(
     request: pytest.FixtureRequest, tmp_path: Path, combo: dict[str, str], mode: str, variant: str | None
 ) -> None:
-    kit = with_cookiecutter(tmp_path, combo)
+    kit = baked(tmp_path, combo)
     language = LANGUAGES[combo["queue_system"]]
     stack = variant if language == "ruby" else None
     entry_point = variant if variant in ENTRY_POINTS.get(combo["queue_system"], []) else None
@@ -184,7 +184,7 @@ def test_kit_suite_proves_the_policy(
 
 @pytest.mark.parametrize("combo", WITH_KIT, ids=combo_id)
 def test_kit_passes_its_own_linters(tmp_path: Path, combo: dict[str, str]) -> None:
-    kit = with_cookiecutter(tmp_path, combo)
+    kit = baked(tmp_path, combo)
     for command in LINTERS[LANGUAGES[combo["queue_system"]]]:
         assert shutil.which(command[0]), f"{command[0]} is not installed"
         result = subprocess.run(command, cwd=kit, capture_output=True, text=True, timeout=300)

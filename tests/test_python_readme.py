@@ -24,7 +24,7 @@ from email import message_from_bytes
 from pathlib import Path
 
 import pytest
-from generate import readme_commands, tree, with_cookiecutter
+from generate import baked, readme_commands, tree
 from moto.server import ThreadedMotoServer
 from services import Mailbox, postgres_database, psql, redis_database, smtp_sink
 from test_kit_readme import until
@@ -141,7 +141,7 @@ def sqs_endpoint() -> Iterator[str]:
 def test_python_readme_commands_run_as_written(
     queue_system: str, request: pytest.FixtureRequest, tmp_path: Path, sqs_endpoint: str
 ) -> None:
-    kit = with_cookiecutter(tmp_path, {"queue_system": queue_system})
+    kit = baked(tmp_path, {"queue_system": queue_system})
     as_baked = set(tree(kit))
     venv = make_venv(tmp_path / "venv")
     base = {

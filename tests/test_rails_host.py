@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import ruby_stacks
-from generate import readme_commands, with_cookiecutter
+from generate import baked, readme_commands
 from services import postgres_database, psql, redis_database, smtp_sink
 from test_kits import assert_report, require_stack, run_name
 
@@ -42,7 +42,7 @@ def test_kit_inside_an_existing_rails_app(request: pytest.FixtureRequest, tmp_pa
     require_stack(stack)
     app = tmp_path / "host_app"
     shutil.copytree(HOST, app)
-    kit = with_cookiecutter(tmp_path, COMBO)  # beside the app, as the kit's README has it
+    kit = baked(tmp_path, COMBO)  # beside the app, as the kit's README has it
     install, migrate, worker, enqueue = (line.split() for line in readme_commands(kit, "In a Rails app"))
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "REPLAY_HOST_APP")}
     with postgres_database(run_name(request)) as database, redis_database() as redis, smtp_sink() as (smtp, mail):
@@ -139,7 +139,7 @@ def test_install_brings_an_earlier_revision_of_the_kit_up_to_date(
     require_stack(stack)
     app = tmp_path / "host_app"
     shutil.copytree(HOST, app)
-    kit = with_cookiecutter(tmp_path, COMBO)
+    kit = baked(tmp_path, COMBO)
     install, migrate, _, _ = (line.split() for line in readme_commands(kit, "In a Rails app"))
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "REPLAY_HOST_APP")}
     problem = ["bin/rails", "runner", "puts OrderConfirmation::DatabaseCheck.problem.inspect"]
@@ -196,7 +196,7 @@ def test_same_database_kit_inside_an_existing_rails_app(
     combo = COMBO | {"effect_kind": "same_database"}
     app = tmp_path / "host_app"
     shutil.copytree(HOST, app)
-    kit = with_cookiecutter(tmp_path, combo)
+    kit = baked(tmp_path, combo)
     install, migrate, _, _ = (line.split() for line in readme_commands(kit, "In a Rails app"))
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "REPLAY_HOST_APP")}
     with postgres_database(run_name(request)) as database, redis_database() as redis:

@@ -24,7 +24,7 @@ from typing import Any
 
 import matrix_report
 import pytest
-from generate import with_cookiecutter
+from generate import baked
 from matrix import ROOT
 from pypdf import PdfReader
 from selenium import webdriver
@@ -122,7 +122,7 @@ def assert_cases_whole_on_pages(reader: PdfReader) -> None:
 
 def kit_with_reports(tmp_path: Path, queue_system: str, break_effect: bool = False) -> tuple[Path, bool]:
     """A kit of the queue system, its embedded suite run (the effect broken, if asked); whether it passed."""
-    kit = with_cookiecutter(tmp_path, {"queue_system": queue_system})
+    kit = baked(tmp_path, {"queue_system": queue_system})
     language = LANGUAGES[queue_system]
     if break_effect:
         effect = kit / EFFECT_FILES[language]
@@ -193,7 +193,7 @@ CANNOT_START = {
 
 @pytest.mark.parametrize("queue_system", sorted(CANNOT_START))
 def test_a_run_that_cannot_start_says_why(browser: webdriver.Chrome, tmp_path: Path, queue_system: str) -> None:
-    kit = with_cookiecutter(tmp_path, {"queue_system": queue_system})
+    kit = baked(tmp_path, {"queue_system": queue_system})
     reason = CANNOT_START[queue_system]
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL")}
     env["DATABASE_URL"] = "postgresql://nobody@127.0.0.1:1/none"

@@ -22,7 +22,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
-from generate import readme_commands, with_cookiecutter
+from generate import baked, readme_commands
 from matrix import DEFAULTS, combinations, combo_id, facts
 from services import postgres_database, psql, rabbitmq_vhost, redis_database
 from test_kits import run_name
@@ -166,7 +166,7 @@ def soak(
 ) -> tuple[Path, dict[str, object]]:
     """Generates the kit, runs its soak as its README shows it on fresh services, and checks what it printed
     against replay-soak.json; the kit, and the soak's facts."""
-    kit = with_cookiecutter(tmp_path, combo)
+    kit = baked(tmp_path, combo)
     lang = language(combo["queue_system"])
     slug = kit.name
     command = SOAK_COMMANDS[lang][length].format(slug=slug)

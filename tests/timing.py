@@ -1,0 +1,52 @@
+"""The timing table printed at the end of every run, so that a slower suite shows in the log of the run that made it
+slower: machine time by test file, each kit suite against its target, and the slowest tests.
+
+Machine time is the sum of the tests' own durations (setup, call and teardown): with pytest's workers in parallel
+it exceeds the wall time.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+# How long one kit's suite may take alone on a two-core machine, by mode (issue 30's targets).
+SUITE_TARGETS = {"embedded": 5.0, "live": 15.0}
+
+
+def seconds_by_test(reports: Iterable[Any]) -> dict[str, float]:
+    """Each test's setup, call and teardown together, by node id."""
+    seconds: dict[str, float] = defaultdict(float)
+    for report in reports:
+        if hasattr(report, "nodeid") and hasattr(report, "duration") and getattr(report, "when", None):
+            seconds[report.nodeid] += report.duration
+    return dict(seconds)
+
+
+def table(reports: Iterable[Any], suites: list[dict[str, Any]]) -> str:
+    tests = seconds_by_test(reports)
+    lines = ["", "timing: machine time by test file", f"  {'file':<32}{'tests':>7}{'seconds':>10}{'longest':>10}"]
+    by_file: dict[str, list[float]] = defaultdict(list)
+    for nodeid, seconds in tests.items():
+        by_file[nodeid.split("::", 1)[0].removeprefix("tests/")].append(seconds)
+    for name, times in sorted(by_file.items(), key=lambda item: -sum(item[1])):
+        lines.append(f"  {name:<32}{len(times):>7}{sum(times):>10.0f}{max(times):>10.1f}")
+    lines.append(f"  {'all':<32}{len(tests):>7}{sum(tests.values()):>10.0f}")
+    if suites:
+        lines += ["", "timing: kit suites (test_kits) against their targets, under this run's load"]
+        lines.append(f"  {'suite':<28}{'runs':>6}{'median':>9}{'longest':>9}{'target':>8}{'over':>6}")
+        grouped: dict[str, list[float]] = defaultdict(list)
+        for suite in suites:
+            grouped[f"{suite['combo']['queue_system']} {suite['column']}"].append(suite["seconds"])
+        for name, times in sorted(grouped.items()):
+            target = SUITE_TARGETS[name.split()[1]]
+            over = sum(seconds > target for seconds in times)
+            lines.append(
+                f"  {name:<28}{len(times):>6}{statistics.median(times):>9.1f}{max(times):>9.1f}{target:>8.0f}{over:>6}"
+            )
+    lines += ["", "timing: the ten slowest tests"]
+    for nodeid, seconds in sorted(tests.items(), key=lambda item: -item[1])[:10]:
+        lines.append(f"  {seconds:8.1f} s  {nodeid}")
+    return "\n".join(lines) + "\n"
