@@ -37,6 +37,18 @@ def test_tox_quick_selects_the_rules_and_every_embedded_suite_and_nothing_live()
     assert any(item.startswith("tests/test_rules.py::") for item in quick)
 
 
+def test_tox_leaves_the_long_soaks_to_the_readmes_long_command() -> None:
+    """`tox` collects no long run; `tox -- -m long`, as the README writes it, collects each queue system's long
+    soak and nothing else (collected only: running them is the long run itself)."""
+    assert re.search(r"^    tox -- -m long$", README, re.MULTILINE)
+    tox = [sys.executable, "-m", "tox", "--"]
+    everything = collected([*tox, "--collect-only", "-q"])
+    long = collected([*tox, "-m", "long", "--collect-only", "-q"])
+    assert not everything & long, sorted(everything & long)
+    assert sorted(item.split("[")[1].split("-")[0] for item in long) == ["celery", "sidekiq", "sqs"], long
+    assert all(item.startswith("tests/test_soak.py::test_long_soak_passes[") for item in long), long
+
+
 def test_the_readmes_longer_random_run_draws_the_sets_it_names() -> None:
     """`REPLAY_RANDOM_SETS=200 REPLAY_RANDOM_SEED=1 tox -e random`, as the README writes it, collects 200 sets from
     seed 1 (collected only: running them is the longer run itself)."""
