@@ -43,6 +43,25 @@ TABLE = settings.RECORD_TABLE
 collect_ignore_glob = [] if LIVE else ["test_faults*.py"]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "embedded_only: uses no live service (SQLite files of its own, workers that refuse to start"
+        " before they connect); the embedded suite runs it, the live one leaves it out",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Live, the tests marked embedded_only are left out (deselected, not skipped): they would prove again what
+    the embedded suite, which runs them, has proven; the live suite keeps what needs the live services."""
+    if not LIVE:
+        return
+    left_out = [item for item in items if item.get_closest_marker("embedded_only")]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if not item.get_closest_marker("embedded_only")]
+
+
 def migrate() -> None:
     """alembic upgrade head on DATABASE_URL: the suite runs on the migration, which must match schema.sql."""
     if os.environ.get("REPLAY_HOST_APP"):

@@ -359,6 +359,7 @@ def open_and_claim(url: str, key: str, barrier: multiprocessing.synchronize.Barr
     assert store.claim(key, fingerprint(key, "{}"), "{}") is not None
 
 
+@pytest.mark.embedded_only
 def test_processes_opening_a_new_sqlite_file_at_once_all_start(tmp_path: Path) -> None:
     """The switch to WAL happens once per file; processes that meet a file not yet switched all go on."""
     run_alone(open_new_files_at_once, str(tmp_path))

@@ -460,6 +460,7 @@ def test_the_migration_matches_schema_sql(engine: Engine) -> None:
     assert migrated == from_schema_sql
 
 
+@pytest.mark.embedded_only
 @pytest.mark.parametrize("command", [["send", KEY], ["held"], ["status"], ["sweep"]], ids=lambda argv: argv[0])
 def test_a_command_on_a_database_not_migrated_says_so_in_one_line(command: list[str], tmp_path: Any) -> None:
     """Run before the migration, a person's command names what to do, and sends nothing (its record comes first)."""

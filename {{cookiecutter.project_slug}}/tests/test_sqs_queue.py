@@ -90,6 +90,7 @@ def test_the_consumer_finds_the_dead_letter_queue_by_the_redrive_policy(
     assert (consumer.queue_url, consumer.dead_letter_queue_url) == (driver.queue_url, driver.dead_letter_queue_url)
 
 
+@pytest.mark.embedded_only
 @pytest.mark.parametrize(("revision", "line"), UNUSABLE_DATABASES)
 def test_a_consumer_on_a_database_the_kit_cannot_use_refuses_to_start_with_one_line(
     driver: SqsDriver, tmp_path: Path, revision: str | None, line: str

@@ -22,6 +22,8 @@ from conftest import KIT_ROOT, UNUSABLE_DATABASES, database_at
 from {{ slug }} import settings
 from {{ slug }}.tasks import TASK_NAME, guarantee_problem
 
+# workers that refuse before they reach the broker or PostgreSQL: run by the embedded suite only
+pytestmark = pytest.mark.embedded_only
 LEASE = settings.LEASE_SECONDS
 # what a host needs beside the task's own options; Redis (the broker is never reached)
 GOOD = {
