@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from generate import COPIER_ANSWERS, tree, with_cookiecutter, with_copier
+from generate import COPIER_ANSWERS, baked, tree, with_cookiecutter, with_copier
 from matrix import ROOT, answers, combinations, combo_id, expected, facts, problem
 
 COMBINATIONS = combinations()
@@ -27,10 +27,11 @@ UNRENDERED = re.compile(rb"(?<!\$)\{\{(?!=\[\[ \]\]=\}\})|\{%|\{#|\bcookiecutter
 
 @pytest.fixture(scope="session")
 def kits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """One cookiecutter kit per combination, baked once per run for this module's tests (session scope: xdist
-    interleaves modules on a worker, which would tear a module fixture down and bake the kits again)."""
+    """One cookiecutter kit per combination, baked once per run (generate.baked: the suites of test_kits use the
+    same) for this module's tests (session scope: xdist interleaves modules on a worker, which would tear a module
+    fixture down and copy the kits again)."""
     root = tmp_path_factory.mktemp("cookiecutter")
-    return {combo_id(c): with_cookiecutter(root / combo_id(c), c) for c in COMBINATIONS}
+    return {combo_id(c): baked(root / combo_id(c), c) for c in COMBINATIONS}
 
 
 def test_there_are_thirty_combinations() -> None:
