@@ -77,8 +77,8 @@ RSpec.describe "retention of completed records" do
     expect(claims.retain(days: window.ceil(2), job: job)).to eq(1)
   end
 
-  it "runs as `rake {{ c.project_slug }}:retain DAYS=N`: one line when refused, the count when done" do
-    skip "the app runs its own rake (REPLAY_HOST_APP)" if HOST_APP
+  # Left out inside a host app (REPLAY_HOST_APP), which runs its own rake.
+  it "runs as `rake {{ c.project_slug }}:retain DAYS=N`: one line when refused, the count when done", unless: HOST_APP do
     record_of("OLD", "completed", 40)
     rake = lambda do |*args|
       task = "{{ c.project_slug }}:retain"

@@ -99,8 +99,9 @@ RSpec.describe "the migration and schema.sql" do
   end
 
   # An app that applied the first revision gets the second and the third on its next migrate; and they roll back.
-  it "replaces the first revision's index of every row with the partial index of claimed rows, and back" do
-    skip "the app's own db:migrate made the tables (REPLAY_HOST_APP)" if HOST_APP
+  # Left out inside a host app (REPLAY_HOST_APP), whose own db:migrate made the tables; so is the next.
+  it "replaces the first revision's index of every row with the partial index of claimed rows, and back",
+     unless: HOST_APP do
     first, second, third = migration_context.migrations.map(&:version).sort
     insert("KEPT", "completed")
 
@@ -118,8 +119,7 @@ RSpec.describe "the migration and schema.sql" do
 
   # The third revision admits queued and failed records and indexes the queued ones; rolled back, the CHECK of the
   # second refuses them again (and the worker's start refuses such a database: DatabaseCheck).
-  it "admits queued and failed records from the third revision on, and back" do
-    skip "the app's own db:migrate made the tables (REPLAY_HOST_APP)" if HOST_APP
+  it "admits queued and failed records from the third revision on, and back", unless: HOST_APP do
     second, third = migration_context.migrations.map(&:version).sort.last(2)
     insert("KEPT", "completed")
 

@@ -10,9 +10,8 @@ require "uri"
 # A worker refuses to start on a database it cannot use, with one line saying what to do: the record table
 # missing, not migrated to its third revision, or a login that fails. Live, a real `sidekiq` process (its
 # startup needs Redis); embedded, the same check that Sidekiq's startup runs, in a Ruby process of its own.
-RSpec.describe "a worker of {{ c.job_type }} on a database it cannot use" do
-  before { skip "the app's worker boots the app (REPLAY_HOST_APP): its database is the app's" if HOST_APP }
-
+# Left out inside a host app (REPLAY_HOST_APP): the app's worker boots the app, and its database is the app's.
+RSpec.describe "a worker of {{ c.job_type }} on a database it cannot use", unless: HOST_APP do
   let(:kit_dir) { File.join(__dir__, "..") }
 
   # The worker's exit status and what it wrote to standard error, on the database at `url`. One that does not
@@ -38,7 +37,7 @@ RSpec.describe "a worker of {{ c.job_type }} on a database it cannot use" do
 
   # A SQLite file with schema.sql as it was at the second revision (no queued or failed; no index of queued rows).
   def second_revision
-    # here, not at the top: an app's bundle (REPLAY_HOST_APP, where these examples skip) may have no sqlite3
+    # here, not at the top: an app's bundle (REPLAY_HOST_APP, where these examples are left out) may have no sqlite3
     require "sqlite3"
     path = File.join(WORK_DIR, "revision-2.sqlite3")
     sql = File.read(File.join(kit_dir, "schema.sql")).gsub(/--.*$/, "").split(";").map(&:strip).reject(&:empty?)
@@ -86,8 +85,10 @@ RSpec.describe "a worker of {{ c.job_type }} on a database it cannot use" do
     end
   end
 
-  it "logs at ERROR, at each delivery, that the record table is missing, and raises so that Sidekiq retries" do
-    skip "live: faults_spec.rb takes the table away from a running worker, and retries the job once it is back" if LIVE
+  # Embedded only: live, faults_spec.rb takes the table away from a running worker, and retries the job once it is
+  # back.
+  it "logs at ERROR, at each delivery, that the record table is missing, and raises so that Sidekiq retries",
+     unless: LIVE do
     table = "{{ c.record_table }}"
     connection = ActiveRecord::Base.connection
     connection.execute("ALTER TABLE #{table} RENAME TO #{table}_away")
@@ -102,8 +103,8 @@ RSpec.describe "a worker of {{ c.job_type }} on a database it cannot use" do
     expect(log.scan(said).size).to eq(2)
   end
 
-  it "refuses a login that fails, naming DATABASE_URL" do
-    skip "embedded: no PostgreSQL to log in to" unless LIVE
+  # Live only (left out, not pending, when embedded: there is no PostgreSQL to log in to).
+  it "refuses a login that fails, naming DATABASE_URL", if: LIVE do
     url = URI(ENV.fetch("DATABASE_URL")).tap do |uri|
       uri.user = "no_such_role_{{ c.project_slug }}"
       uri.password = nil
