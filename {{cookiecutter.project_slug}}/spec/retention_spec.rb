@@ -78,7 +78,8 @@ RSpec.describe "retention of completed records" do
   end
 
   # Left out inside a host app (REPLAY_HOST_APP), which runs its own rake.
-  it "runs as `rake {{ c.project_slug }}:retain DAYS=N`: one line when refused, the count when done", unless: HOST_APP do
+  it "runs as `rake {{ c.project_slug }}:retain DAYS=N`: one line when refused, the count when done",
+     unless: HOST_APP do
     record_of("OLD", "completed", 40)
     rake = lambda do |*args|
       task = "{{ c.project_slug }}:retain"

@@ -29,14 +29,16 @@ It starts these, and stops them at the end:
   runs the task and holds its message, as the death of a machine does, and the broker's own redelivery brings
   the message back. On Redis that takes the visibility timeout, so the soak shortens it for its own workers to
   VISIBILITY_TIMEOUT seconds, below the lease, and says so: the one thing that differs from the kit's worker
-  (`python -m {{ slug }}_proof.soak_celery` runs the worker's command with that allowed).
+  (`python -m {{ slug }}_proof.soak_celery`
+  runs the worker's command with that allowed).
   RabbitMQ brings it back when the dead worker's connection closes.
 {%- else %}
 - a queue and its dead-letter queue of the soak's own (per-run names, made by the kit's `create-queues` with a
   visibility timeout of VISIBILITY_TIMEOUT seconds, so that a dead consumer's message comes back in seconds),
   deleted at the end; and `--workers` processes of the kit's consumer,
-  `python -m {{ slug }}.consumer`, through `python -m {{ slug }}_proof.soak_sqs`, for the kills after a
-  take below;
+  `python -m {{ slug }}.consumer`, through
+  `python -m {{ slug }}_proof.soak_sqs`,
+  for the kills after a take below;
 {%- endif %}
 - a chaos loop that kills a random worker with SIGKILL every `--kill-every` seconds (jittered, counted from the
   moment the last replacement is ready) and starts another in its place;

@@ -1,8 +1,9 @@
 {%- from "replay_matrix.jinja" import soak as soak_facts with context -%}
 {%- set slug = cookiecutter.project_slug -%}
 """The soak on Celery (soak.py is the soak itself): its own queue on the broker of CELERY_BROKER_URL, and its
-workers, `python -m {{ slug }}_proof.soak_celery <options>`, the kit's worker with the soak's short visibility
-timeout allowed and the kills right after a take."""
+workers,
+`python -m {{ slug }}_proof.soak_celery <options>`,
+the kit's worker with the soak's short visibility timeout allowed and the kills right after a take."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ class Queue:
         """The kit's worker (solo pool: one process runs the task and holds its message), by this module as its
         command, which only allows the shortened visibility timeout."""
         return [
-            *(sys.executable, "-m", "{{ slug }}_proof.soak_celery", "--pool=solo", "--loglevel=INFO"),
+            *(sys.executable, "-m", __name__, "--pool=solo", "--loglevel=INFO"),
             *("-n", f"soak-{self.run}-{number}@%h", "--without-mingle", "--without-gossip", "--without-heartbeat"),
         ]
 

@@ -1,8 +1,9 @@
 {%- from "replay_matrix.jinja" import soak as soak_facts with context -%}
 {%- set slug = cookiecutter.project_slug -%}
 """The soak on SQS (soak.py is the soak itself): its own queue and dead-letter queue, made with the kit's redrive
-policy and deleted after, and its workers, `python -m {{ slug }}_proof.soak_sqs`, the kit's consumer with the
-kills right after a take."""
+policy and deleted after, and its workers,
+`python -m {{ slug }}_proof.soak_sqs`,
+the kit's consumer with the kills right after a take."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ class Queue:
 
     def worker_command(self, number: int) -> list[str]:
         """The kit's consumer, by this module as its command (worker()), which adds only the kills after a take."""
-        return [sys.executable, "-m", "{{ slug }}_proof.soak_sqs"]
+        return [sys.executable, "-m", __name__]
 
     def describe(self) -> str:
         return (
