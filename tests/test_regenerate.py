@@ -1,15 +1,15 @@
 """Regenerating a kit after the client changes the policy or the lease keeps the user's edits.
 
-For each queue system with a kit, and each change between two of the four policies (plus one change of
-the lease), under copier (`copier update`) and under cookiecutter (cruft's update): generate, commit, edit
-the effect file as a user would, regenerate with the new answer, then check that POLICY.md and the suite's
-table state the new expectations, the edit is still there, and the suite passes in embedded mode.
+For each queue system with a kit, the four policies changed in a ring (hold -> resend -> skip -> lookup ->
+hold: each policy once before a change and once after it; the update works the same for every pair), plus one
+change of the lease, under copier (`copier update`) and under cookiecutter (cruft's update): generate, commit,
+edit the effect file as a user would, regenerate with the new answer, then check that POLICY.md and the suite's
+table state the new expectations, the edit is still there, and the kit is the one the new answers generate.
 """
 
 from __future__ import annotations
 
 import io
-import itertools
 import json
 import os
 import shlex
@@ -30,9 +30,10 @@ from matrix import ROOT, answers, expected, facts
 from test_kits import LANGUAGES, SUITES
 
 EFFECT_KIND = "external_with_reference"  # the one kind every policy allows
+POLICIES = list(facts().policies)
 POLICY_CHANGES = [
     ({"stale_claim_policy": before}, {"stale_claim_policy": after})
-    for before, after in itertools.permutations(facts().policies, 2)
+    for before, after in zip(POLICIES, POLICIES[1:] + POLICIES[:1], strict=True)
 ]
 LEASE_CHANGE = ({"lease_seconds": 600}, {"lease_seconds": 900})
 CHANGES = [*POLICY_CHANGES, LEASE_CHANGE]
