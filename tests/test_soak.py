@@ -26,7 +26,7 @@ import pytest
 from generate import baked, readme_commands
 from matrix import DEFAULTS, combinations, combo_id, facts
 from services import postgres_database, psql, rabbitmq_vhost, redis_database
-from test_kits import run_name
+from test_kits import REPLAY_CASES, run_name
 
 # How each language's kit runs its soak, from the kit's root, exactly as its README's section "The soak" shows
 # it: the short soak that CI runs for every policy, and the long one. {slug} is the kit's project_slug.
@@ -39,11 +39,6 @@ SOAK_COMMANDS = {
         "short": "bundle exec rake {slug}:soak OPERATIONS=300 WORKERS=2 KILL_EVERY=1 KILL_AFTER_TAKE=0.02",
         "long": "bundle exec rake {slug}:soak",
     },
-}
-# How each language's kit runs its seven replay cases alone, embedded: they write replay-report.json.
-REPLAY_CASES = {
-    "python": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_replay.py"],
-    "ruby": ["rspec", "spec/replay_spec.rb"],
 }
 # How each language's kit makes its tables: the README's section and the command's place in it.
 MIGRATIONS = {"python": ("Install and run", 1), "ruby": ("On its own", 1)}
