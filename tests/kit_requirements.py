@@ -13,20 +13,30 @@ import tomllib
 from pathlib import Path
 
 from generate import with_cookiecutter
-from matrix import combinations
+from matrix import combinations, facts
+
+# What a kit's pyproject.toml declares depends on these answers alone (its template reads no other): one kit per
+# set of them is enough, and every tox run (CI's, and each run test_tox_quick makes) spends seconds here, not a
+# minute.
+DECIDED_BY = ("queue_system", "effect_kind")
 
 
 def kit_requirements() -> list[str]:
     found: set[str] = set()
+    python_kits = {
+        tuple(combo[name] for name in DECIDED_BY): combo
+        for combo in combinations()
+        if facts().queue_systems[combo["queue_system"]]["language"] == "python"
+    }
     with tempfile.TemporaryDirectory() as scratch:
-        for number, combo in enumerate(combinations()):  # an effect kind may need what another does not
-            pyproject = with_cookiecutter(Path(scratch) / str(number), combo) / "pyproject.toml"
-            if pyproject.exists():
-                project = tomllib.loads(pyproject.read_text())["project"]
-                found.update(project.get("dependencies", []))
-                for extra in project.get("optional-dependencies", {}).values():
-                    # an extra may name the kit itself (kit[test]): that is the kit, not a dependency
-                    found.update(item for item in extra if not item.startswith(project["name"]))
+        for number, combo in enumerate(python_kits.values()):  # an effect kind may need what another does not
+            project = tomllib.loads(
+                (with_cookiecutter(Path(scratch) / str(number), combo) / "pyproject.toml").read_text()
+            )
+            found.update(project["project"].get("dependencies", []))
+            for extra in project["project"].get("optional-dependencies", {}).values():
+                # an extra may name the kit itself (kit[test]): that is the kit, not a dependency
+                found.update(item for item in extra if not item.startswith(project["project"]["name"]))
     return sorted(found)
 
 

@@ -9,6 +9,7 @@ import shlex
 import sqlite3
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -274,3 +275,10 @@ def test_kit_requirements_lists_what_every_kit_needs_and_leaves_nothing_behind(t
     requirements = listing.read_text().splitlines()
     assert any(line.startswith("celery") for line in requirements)
     assert not any(line.startswith("order_confirmation") for line in requirements)  # the kit itself is not one
+    # it reads one kit per queue system and effect kind: every combination's kit must declare nothing more
+    for combo in combinations():
+        pyproject = baked(tmp_path / combo_id(combo), combo) / "pyproject.toml"
+        if pyproject.exists():
+            project = tomllib.loads(pyproject.read_text())["project"]
+            declared = {*project["dependencies"], *project["optional-dependencies"]["test"]}
+            assert declared <= set(requirements), (combo_id(combo), sorted(declared - set(requirements)))

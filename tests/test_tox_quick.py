@@ -17,7 +17,8 @@ README = (ROOT / "README.md").read_text()
 def collected(command: list[str]) -> set[str]:
     # Outside the outer tox's environment, as a person's shell would run it.
     env = {name: value for name, value in os.environ.items() if not name.startswith(("TOX_", "VIRTUAL_ENV"))}
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    # collected by one process (-n 0): pytest's workers would each collect the same again
+    result = subprocess.run([*command, "-n", "0"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return {line for line in result.stdout.splitlines() if "::" in line}
 

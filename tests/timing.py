@@ -49,4 +49,22 @@ def table(reports: Iterable[Any], suites: list[dict[str, Any]]) -> str:
     lines += ["", "timing: the ten slowest tests"]
     for nodeid, seconds in sorted(tests.items(), key=lambda item: -item[1])[:10]:
         lines.append(f"  {seconds:8.1f} s  {nodeid}")
+    spans = spans_by_test(reports)
+    if spans:
+        # the tail: what still ran while the other workers had nothing left, and when it started
+        begun = min(start for start, _ in spans.values())
+        lines += ["", "timing: the ten tests that ended last (seconds into the run: start, end)"]
+        for nodeid, (start, stop) in sorted(spans.items(), key=lambda item: -item[1][1])[:10]:
+            lines.append(f"  {start - begun:7.0f} {stop - begun:7.0f}  {nodeid}")
     return "\n".join(lines) + "\n"
+
+
+def spans_by_test(reports: Iterable[Any]) -> dict[str, tuple[float, float]]:
+    """When each test's setup began and its teardown ended (epoch seconds), by node id."""
+    spans: dict[str, tuple[float, float]] = {}
+    for report in reports:
+        start, stop = getattr(report, "start", None), getattr(report, "stop", None)
+        if hasattr(report, "nodeid") and getattr(report, "when", None) and start and stop:
+            first, last = spans.get(report.nodeid, (start, stop))
+            spans[report.nodeid] = (min(first, start), max(last, stop))
+    return spans
