@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -59,16 +60,19 @@ def assert_every_file_parses(kit: Path) -> None:
         yaml.safe_load(path.read_text())
 
 
+def linters(language: str) -> list[list[str]]:
+    """A kit's own linters, run from its root with its own settings."""
+    if language == "ruby":
+        return [["rubocop", "--no-server", "--cache", "false"]]
+    return [[sys.executable, "-m", "ruff", "check", "."], [sys.executable, "-m", "ruff", "format", "--check", "."]]
+
+
 def assert_linters_pass(kit: Path, queue_system: str) -> None:
     """The kit's own linters, with the kit's own settings: rubocop, or ruff check and ruff format --check."""
-    linters = (
-        [["rubocop", "--no-server", "--cache", "false"]]
-        if queue_system == "sidekiq"
-        else [[sys.executable, "-m", "ruff", "check", "."], [sys.executable, "-m", "ruff", "format", "--check", "."]]
-    )
-    for linter in linters:
-        result = subprocess.run(linter, cwd=kit, capture_output=True, text=True)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    for linter in linters("ruby" if queue_system == "sidekiq" else "python"):
+        assert shutil.which(linter[0]), f"{linter[0]} is not installed"
+        result = subprocess.run(linter, cwd=kit, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, " ".join(linter) + "\n" + result.stdout[-3000:] + result.stderr[-2000:]
 
 
 def readme_command_lines(kit: Path) -> list[str]:

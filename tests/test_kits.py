@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 from xml.etree import ElementTree
 
+import kit_checks
 import matrix_report
 import pytest
 import ruby_stacks
@@ -39,10 +39,6 @@ SUITES = {
 REPLAY_CASES = {
     "python": [*SUITES["python"], "tests/test_replay.py"],
     "ruby": ["rspec", "spec/replay_spec.rb"],
-}
-LINTERS = {
-    "python": [[sys.executable, "-m", "ruff", "check", "."], [sys.executable, "-m", "ruff", "format", "--check", "."]],
-    "ruby": [["rubocop", "--no-server", "--cache", "false"]],
 }
 # The ways into a kit that its suite can be run through (REPLAY_ENTRY_POINT); one run each.
 ENTRY_POINTS = {"sqs": ["consumer", "lambda"]}
@@ -202,8 +198,4 @@ def test_kit_suite_proves_the_policy(
 
 @pytest.mark.parametrize("combo", WITH_KIT, ids=combo_id)
 def test_kit_passes_its_own_linters(tmp_path: Path, combo: dict[str, str]) -> None:
-    kit = baked(tmp_path, combo)
-    for command in LINTERS[LANGUAGES[combo["queue_system"]]]:
-        assert shutil.which(command[0]), f"{command[0]} is not installed"
-        result = subprocess.run(command, cwd=kit, capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, " ".join(command) + "\n" + result.stdout[-4000:] + result.stderr[-2000:]
+    kit_checks.assert_linters_pass(baked(tmp_path, combo), combo["queue_system"])
