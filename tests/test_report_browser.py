@@ -121,8 +121,8 @@ def assert_cases_whole_on_pages(reader: PdfReader) -> None:
 
 
 def kit_with_reports(tmp_path: Path, queue_system: str, break_effect: bool = False) -> tuple[Path, bool]:
-    """A kit of the queue system, its embedded suite run; whether it passed. With the effect broken, the seven cases
-    alone, which write the reports: the rest of the suite would fail too, each after its own wait."""
+    """A kit of the queue system, with the reports its embedded seven cases wrote (the cases alone: they write the
+    reports, and the rest of the suite, which test_kits runs, adds nothing to them); whether they passed."""
     kit = baked(tmp_path, {"queue_system": queue_system})
     language = LANGUAGES[queue_system]
     if break_effect:
@@ -131,7 +131,7 @@ def kit_with_reports(tmp_path: Path, queue_system: str, break_effect: bool = Fal
         assert once in effect.read_text()
         effect.write_text(effect.read_text().replace(once, twice))
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL")}
-    result = run_suite(kit, language, STACK[language], env, REPLAY_CASES[language] if break_effect else None)
+    result = run_suite(kit, language, STACK[language], env, REPLAY_CASES[language])
     return kit, result.returncode == 0
 
 
