@@ -7,6 +7,7 @@ at random; each check raises AssertionError naming the file and the error.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shlex
 import shutil
@@ -67,12 +68,28 @@ def linters(language: str) -> list[list[str]]:
     return [[sys.executable, "-m", "ruff", "check", "."], [sys.executable, "-m", "ruff", "format", "--check", "."]]
 
 
-def assert_linters_pass(kit: Path, queue_system: str) -> None:
-    """The kit's own linters, with the kit's own settings: rubocop, or ruff check and ruff format --check."""
-    for linter in linters("ruby" if queue_system == "sidekiq" else "python"):
+# What each language's linter inspects (the same files it finds by itself in a kit).
+LINTED = {"python": ("*.py",), "ruby": ("*.rb", "*.rake", "Gemfile", "Rakefile")}
+
+
+def assert_linters_pass(kit: Path, queue_system: str, only: list[str] | None = None) -> None:
+    """The kit's own linters, with the kit's own settings: rubocop, or ruff check and ruff format --check; on every
+    file, or on `only` (paths from the kit's root) of those the linter inspects."""
+    language = "ruby" if queue_system == "sidekiq" else "python"
+    files: list[str] = []
+    if only is not None:
+        files = [
+            path for path in only if any(fnmatch.fnmatch(Path(path).name, pattern) for pattern in LINTED[language])
+        ]
+        if not files:
+            return
+    for linter in linters(language):
         assert shutil.which(linter[0]), f"{linter[0]} is not installed"
-        result = subprocess.run(linter, cwd=kit, capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, " ".join(linter) + "\n" + result.stdout[-3000:] + result.stderr[-2000:]
+        argv = [*linter[:-1], *files] if files and linter[-1] == "." else [*linter, *files]
+        if files and language == "ruby":
+            argv.insert(1, "--force-exclusion")  # as when it finds them itself: its settings' exclusions hold
+        result = subprocess.run(argv, cwd=kit, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, " ".join(argv) + "\n" + result.stdout[-3000:] + result.stderr[-2000:]
 
 
 def readme_command_lines(kit: Path) -> list[str]:
