@@ -21,6 +21,16 @@ from matrix import combinations, facts
 DECIDED_BY = ("queue_system", "effect_kind")
 
 
+def declared(pyproject: Path) -> set[str]:
+    """What a kit's pyproject.toml declares it needs: its dependencies and every extra's, but the kit itself."""
+    project = tomllib.loads(pyproject.read_text())["project"]
+    found = set(project.get("dependencies", []))
+    for extra in project.get("optional-dependencies", {}).values():
+        # an extra may name the kit itself (kit[test]): that is the kit, not a dependency
+        found.update(item for item in extra if not item.startswith(project["name"]))
+    return found
+
+
 def kit_requirements() -> list[str]:
     found: set[str] = set()
     python_kits = {
@@ -30,13 +40,7 @@ def kit_requirements() -> list[str]:
     }
     with tempfile.TemporaryDirectory() as scratch:
         for number, combo in enumerate(python_kits.values()):  # an effect kind may need what another does not
-            project = tomllib.loads(
-                (with_cookiecutter(Path(scratch) / str(number), combo) / "pyproject.toml").read_text()
-            )
-            found.update(project["project"].get("dependencies", []))
-            for extra in project["project"].get("optional-dependencies", {}).values():
-                # an extra may name the kit itself (kit[test]): that is the kit, not a dependency
-                found.update(item for item in extra if not item.startswith(project["project"]["name"]))
+            found |= declared(with_cookiecutter(Path(scratch) / str(number), combo) / "pyproject.toml")
     return sorted(found)
 
 

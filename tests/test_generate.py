@@ -9,12 +9,12 @@ import shlex
 import sqlite3
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 from generate import COPIER_ANSWERS, baked, tree, with_cookiecutter, with_copier
+from kit_requirements import declared
 from matrix import ROOT, answers, combinations, combo_id, expected, facts, problem
 
 COMBINATIONS = combinations()
@@ -279,6 +279,5 @@ def test_kit_requirements_lists_what_every_kit_needs_and_leaves_nothing_behind(t
     for combo in combinations():
         pyproject = baked(tmp_path / combo_id(combo), combo) / "pyproject.toml"
         if pyproject.exists():
-            project = tomllib.loads(pyproject.read_text())["project"]
-            declared = {*project["dependencies"], *project["optional-dependencies"]["test"]}
-            assert declared <= set(requirements), (combo_id(combo), sorted(declared - set(requirements)))
+            missing = declared(pyproject) - set(requirements)
+            assert not missing, (combo_id(combo), sorted(missing))

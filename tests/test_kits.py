@@ -26,7 +26,7 @@ import matrix_report
 import pytest
 import ruby_stacks
 from app_history import assert_app_history_intact, give_app_history
-from generate import baked
+from generate import baked, tree
 from matrix import combinations, combo_id, expected
 from services import postgres_database, rabbitmq_vhost, redis_database
 
@@ -205,14 +205,10 @@ def test_kit_passes_its_own_linters(tmp_path: Path, combo: dict[str, str]) -> No
     settings: the same verdict), as rubocop spends some 10 s of CPU on a whole kit."""
     kit = baked(tmp_path / "kit", combo)
     first = next(other for other in WITH_KIT if other["queue_system"] == combo["queue_system"])
-    ours = kit_files(kit)
-    theirs = kit_files(baked(tmp_path / "first", first)) if combo != first else {}
+    ours = tree(kit)
+    theirs = tree(baked(tmp_path / "first", first)) if combo != first else {}
     if not theirs or any(ours.get(name) != theirs.get(name) for name in LINTER_SETTINGS):
         kit_checks.assert_linters_pass(kit, combo["queue_system"])
         return
     differing = sorted(name for name, text in ours.items() if theirs.get(name) != text)
     kit_checks.assert_linters_pass(kit, combo["queue_system"], only=differing)
-
-
-def kit_files(kit: Path) -> dict[str, bytes]:
-    return {str(path.relative_to(kit)): path.read_bytes() for path in kit.rglob("*") if path.is_file()}
