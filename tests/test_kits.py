@@ -2,6 +2,8 @@
 then read the replay-report.json it wrote and hold it to the data; a Sidekiq kit runs on every Ruby stack
 of ruby_stacks.py, the SQS kit through each of its entry points (the consumer, the Lambda handler). A live
 Python kit migrates a database that already holds an application's own Alembic history (app_history.py).
+Nothing is proven twice: each test file runs on every combination whose answers change its text, on every mode,
+broker, entry point and stack where it can fail differently (proven_elsewhere).
 Also run each kit's own linters.
 
 A queue system without a kit yet contributes no test here; once its kit exists, every combination runs.
@@ -50,6 +52,10 @@ BROKERS = {"celery": ["redis", "rabbitmq"]}
 # Lambda handler called directly): the combination's first run proves them, and its runs on the other brokers
 # or entry points leave them out. Every test that sends through the queue or kills its workers runs on each.
 SAME_ON_EVERY_VARIANT = {"celery": ["tests/test_claims.py"], "sqs": ["tests/test_claims.py", "tests/test_lambda.py"]}
+# A kit's test files, by language. The stale-claim policy changes only the text of the tests about it: a test file
+# that reads the same on two kits of one queue system and effect kind proves the same thing on both, and runs on
+# the first of them alone (policy_leader).
+TEST_FILES = {"python": "tests/test_*.py", "ruby": "spec/*_spec.rb"}
 # In CI nothing may skip: a Ruby stack that is not built fails its tests.
 CI = os.environ.get("CI") == "true"
 
@@ -100,6 +106,46 @@ def suite_runs() -> list[pytest.param]:
         for mode in ("embedded", "live")
         for variant in variants(combo["queue_system"], mode)
     ]
+
+
+def policy_leader(combo: dict[str, str]) -> dict[str, str]:
+    """The first combination of this one's queue system and effect kind: it runs every test file of the kit."""
+    return next(
+        other
+        for other in WITH_KIT
+        if (other["queue_system"], other["effect_kind"]) == (combo["queue_system"], combo["effect_kind"])
+    )
+
+
+def proven_elsewhere(kit: Path, combo: dict[str, str], first_variant: bool, scratch: Path) -> set[str]:
+    """The kit's test files that another run of the same mode proves: on a later broker or entry point, those no
+    broker or entry point goes through (SAME_ON_EVERY_VARIANT); on a later policy, those whose text is the same,
+    word for word, on the policy leader's kit."""
+    left_out = set()
+    if not first_variant:
+        left_out |= set(SAME_ON_EVERY_VARIANT.get(combo["queue_system"], []))
+        assert all((kit / path).exists() for path in left_out), left_out  # a file renamed would run again
+    leader = policy_leader(combo)
+    if leader != combo:
+        theirs = baked(scratch, leader)
+        pattern = TEST_FILES[LANGUAGES[combo["queue_system"]]]
+        left_out |= {
+            str(path.relative_to(kit))
+            for path in kit.glob(pattern)
+            if (theirs / path.relative_to(kit)).is_file()
+            and (theirs / path.relative_to(kit)).read_bytes() == path.read_bytes()
+        }
+    return left_out
+
+
+def suite_argv(kit: Path, language: str, left_out: set[str]) -> list[str]:
+    """The kit's suite without the files left out: pytest ignores them, rspec is given the others."""
+    if not left_out:
+        return SUITES[language]
+    if language == "python":
+        return SUITES[language] + [f"--ignore={path}" for path in sorted(left_out)]
+    kept = sorted(str(path.relative_to(kit)) for path in kit.glob(TEST_FILES[language]))
+    return SUITES[language] + [path for path in kept if path not in left_out]
 
 
 def require_stack(stack: str) -> None:
@@ -180,13 +226,10 @@ def test_kit_suite_proves_the_policy(
                 env |= {"CELERY_BROKER_URL": redis_url, "REDIS_URL": redis_url}
             if language == "python":
                 give_app_history(database)
-        argv = None
-        if variant != variants(combo["queue_system"], mode)[0] and combo["queue_system"] in SAME_ON_EVERY_VARIANT:
-            left_out = SAME_ON_EVERY_VARIANT[combo["queue_system"]]
-            assert all((kit / path).exists() for path in left_out), left_out  # a file renamed would run again
-            argv = SUITES[language] + [f"--ignore={path}" for path in left_out]
+        first_variant = variant == variants(combo["queue_system"], mode)[0]
+        left_out = proven_elsewhere(kit, combo, first_variant, tmp_path / "leader")
         started = time.monotonic()
-        result = run_suite(kit, language, stack, env, argv)
+        result = run_suite(kit, language, stack, env, suite_argv(kit, language, left_out))
         seconds = time.monotonic() - started
         matrix_report.record(combo, mode, variant, seconds, result.returncode == 0, kit)
         assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
