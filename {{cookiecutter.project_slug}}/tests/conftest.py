@@ -29,7 +29,7 @@ from sinks import Effects
 from sqlalchemy import Engine, text
 
 from {{ cookiecutter.project_slug }} import settings
-from {{ cookiecutter.project_slug }}.claims import default_store
+from {{ cookiecutter.project_slug }}.claims import default_store, fingerprint
 
 # the queue's driver, and the reports written after every run (replay_reports.py)
 pytest_plugins = ["{{ q }}_driver", "replay_reports"]
@@ -162,6 +162,13 @@ class Records:
                     {"job_type": settings.JOB_TYPE, "status": status},
                 ).scalar_one()
             )
+
+    def stale_claim(self, key: str, details: dict[str, Any]) -> str:
+        """A claim older than the lease whose worker died and whose message never came back; its token."""
+        token = default_store().claim(key, fingerprint(key, details), details)
+        assert token is not None, f"{key!r} was claimed already"
+        self.age(key)
+        return token
 
     def age(self, key: str) -> None:
         """Moves the claim back past the lease (lease + 1 s), as if the lease had run out."""
