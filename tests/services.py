@@ -3,12 +3,14 @@
 Addresses come from the environment (REPLAY_POSTGRES_URL, REPLAY_REDIS_URL, REPLAY_RABBITMQ_URL; defaults: this
 machine's own). Every PostgreSQL database a run creates is named by the run's id and dropped at the end; a Redis
 database is leased for one test (a lease key in Redis database 0, taken only while that database is empty),
-flushed after it, and given back; a RabbitMQ vhost is named by the run's id and deleted at the end. Nothing this
-run did not create is dropped or flushed. An SMTP sink counts the emails that arrive.
+flushed after it, and given back; a RabbitMQ vhost is named by the run's id and the test process, and deleted when
+that process ends (or after a test that failed in it). Nothing this run did not create is dropped or flushed. An
+SMTP sink counts the emails that arrive.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import socket
@@ -79,18 +81,30 @@ def rabbitmqctl(*args: str) -> str:
     return result.stdout.strip()
 
 
+# This process's RabbitMQ vhost while it is clean: rabbitmqctl boots an Erlang VM, some 2.5 s of CPU a call.
+_vhost: str | None = None
+
+
 @contextlib.contextmanager
-def rabbitmq_vhost(purpose: str) -> Iterator[str]:
-    """The URL of a new RabbitMQ vhost named for this run and purpose, open to the URL's user, deleted afterwards
-    with every queue and message in it."""
-    name = f"rm_{RUN_ID}_{purpose}"
-    user = urlsplit(RABBITMQ).username or "guest"
-    rabbitmqctl("add_vhost", name)
-    try:
+def rabbitmq_vhost() -> Iterator[str]:
+    """The URL of a RabbitMQ vhost of this run, open to the URL's user. One per test process (an xdist worker runs
+    one test at a time; each test declares queues named for itself and removes them): made at the first use,
+    deleted with every queue and message in it when the process ends, or at once when a test using it fails."""
+    global _vhost
+    if _vhost is None:
+        name = f"rm_{RUN_ID}_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}_{uuid.uuid4().hex[:6]}"
+        user = urlsplit(RABBITMQ).username or "guest"
+        rabbitmqctl("add_vhost", name)
+        atexit.register(rabbitmqctl, "delete_vhost", name)
+        _vhost = name
         rabbitmqctl("set_permissions", "-p", name, user, ".*", ".*", ".*")
-        yield f"{RABBITMQ}/{name}"
-    finally:
-        rabbitmqctl("delete_vhost", name)
+    try:
+        yield f"{RABBITMQ}/{_vhost}"
+    except BaseException:  # what the failed test left there goes with the vhost; the next test gets a new one
+        atexit.unregister(rabbitmqctl)
+        rabbitmqctl("delete_vhost", _vhost)
+        _vhost = None
+        raise
 
 
 class Mailbox:

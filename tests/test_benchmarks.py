@@ -31,13 +31,13 @@ VERDICT = r"ratio \d+\.\d\d \(goal (<=|>=) ([\d.]+)\): (PASS|MISS)"
 
 
 @contextlib.contextmanager
-def broker(name: str | None, purpose: str) -> Iterator[dict[str, str]]:
+def broker(name: str | None) -> Iterator[dict[str, str]]:
     """The environment of the broker the Celery benchmark runs its worker on; none for SQS."""
     if name == "redis":
         with redis_database() as url:
             yield {"CELERY_BROKER_URL": url}
     elif name == "rabbitmq":
-        with rabbitmq_vhost(purpose) as url:
+        with rabbitmq_vhost() as url:
             yield {"CELERY_BROKER_URL": url}
     else:
         yield {}
@@ -140,7 +140,7 @@ def test_benchmark_commands_print_every_goal(
     }
     # `python` is this interpreter, which has the kits' dependencies (tests/kit_requirements.py)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    with postgres_database(run_name(request)) as database, broker(broker_name, run_name(request)) as queue:
+    with postgres_database(run_name(request)) as database, broker(broker_name) as queue:
         env |= {"DATABASE_URL": database, **queue}
         check_benchmark(run(kit, benchmark, env), broker_name, effect_kind == "same_database")
         assert left_behind(database) == 0

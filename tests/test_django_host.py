@@ -73,7 +73,7 @@ def test_kit_inside_a_django_project(request: pytest.FixtureRequest, tmp_path: P
     removed = ("DATABASE_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "REPLAY_HOST_APP", "PYTHONPATH")
     env = {k: v for k, v in os.environ.items() if k not in (*removed, "DJANGO_SETTINGS_MODULE")}
     env |= {"PATH": f"{bin_dir}{os.pathsep}{env['PATH']}", "VIRTUAL_ENV": str(bin_dir.parent)}
-    broker_service = redis_database() if on_redis else rabbitmq_vhost(run_name(request))
+    broker_service = redis_database() if on_redis else rabbitmq_vhost()
     with postgres_database(run_name(request)) as database, broker_service as broker, smtp_sink() as (smtp, mail):
         env |= {"DATABASE_URL": database, "CELERY_BROKER_URL": broker, **smtp}
         name = database.rsplit("/", 1)[1]

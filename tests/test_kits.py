@@ -220,7 +220,7 @@ def test_kit_suite_proves_the_policy(
             database = services.enter_context(postgres_database(run_name(request)))
             env["DATABASE_URL"] = database
             if broker == "rabbitmq":
-                env["CELERY_BROKER_URL"] = services.enter_context(rabbitmq_vhost(run_name(request)))
+                env["CELERY_BROKER_URL"] = services.enter_context(rabbitmq_vhost())
             else:
                 redis_url = services.enter_context(redis_database())
                 env |= {"CELERY_BROKER_URL": redis_url, "REDIS_URL": redis_url}

@@ -113,13 +113,13 @@ def long_soaks() -> list[pytest.param]:
 
 
 @contextlib.contextmanager
-def broker_environment(broker: str, name: str) -> Iterator[dict[str, str]]:
+def broker_environment(broker: str) -> Iterator[dict[str, str]]:
     """The environment that points a kit at the broker, made for this test and removed after it."""
     if broker == "redis":
         with redis_database() as url:
             yield {"CELERY_BROKER_URL": url, "REDIS_URL": url}
     elif broker == "rabbitmq":
-        with rabbitmq_vhost(name) as url:
+        with rabbitmq_vhost() as url:
             yield {"CELERY_BROKER_URL": url}
     else:
         from moto.server import ThreadedMotoServer
@@ -181,7 +181,7 @@ def soak(
     if suite_first:  # the seven cases, embedded, which write replay-report.json, for the soak to render again
         suite = subprocess.run(REPLAY_CASES[lang], cwd=kit, env=env, capture_output=True, text=True, timeout=600)
         assert suite.returncode == 0, suite.stdout[-3000:] + suite.stderr[-3000:]
-    with postgres_database(run_name(request)) as database, broker_environment(broker, run_name(request)) as services:
+    with postgres_database(run_name(request)) as database, broker_environment(broker) as services:
         env |= {"DATABASE_URL": database, **services}
         migrated = run(kit, migrate, env)
         assert migrated.returncode == 0, migrated.stderr[-3000:]
