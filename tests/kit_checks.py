@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from generate import COPIER_ANSWERS, readme_commands, with_copier
+from generate import COPIER_ANSWERS, readme_commands, tree, with_copier
 
 # The programs the README's shell lines start with (its code blocks hold Python and settings too).
 SHELL_PROGRAMS = {"python", "pip", "celery", "alembic", "export", "cd", "aws", "bundle", "bin/rails", "ruby", "sidekiq"}
@@ -68,6 +68,8 @@ def linters(language: str) -> list[list[str]]:
     return [[sys.executable, "-m", "ruff", "check", "."], [sys.executable, "-m", "ruff", "format", "--check", "."]]
 
 
+# Where a kit's linters read their settings.
+LINTER_SETTINGS = (".rubocop.yml", "pyproject.toml")
 # What each language's linter inspects (the same files it finds by itself in a kit).
 LINTED = {"python": ("*.py",), "ruby": ("*.rb", "*.rake", "Gemfile", "Rakefile")}
 
@@ -90,6 +92,18 @@ def assert_linters_pass(kit: Path, queue_system: str, only: list[str] | None = N
             argv.insert(1, "--force-exclusion")  # as when it finds them itself: its settings' exclusions hold
         result = subprocess.run(argv, cwd=kit, capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, " ".join(argv) + "\n" + result.stdout[-3000:] + result.stderr[-2000:]
+
+
+def assert_linters_pass_beside(kit: Path, queue_system: str, linted: Path | None) -> None:
+    """The kit's own linters on the whole kit; or, beside `linted` (a kit of the same queue system that another test
+    lints whole), on the files that differ from it, when the linter settings are the same: same path, text and
+    settings give the same verdict, and rubocop spends some 10 s of CPU on a whole kit."""
+    ours = tree(kit)
+    theirs = tree(linted) if linted else {}
+    if not theirs or any(ours.get(name) != theirs.get(name) for name in LINTER_SETTINGS):
+        assert_linters_pass(kit, queue_system)
+        return
+    assert_linters_pass(kit, queue_system, only=sorted(name for name, text in ours.items() if theirs.get(name) != text))
 
 
 def readme_command_lines(kit: Path) -> list[str]:

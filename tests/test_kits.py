@@ -28,7 +28,7 @@ import matrix_report
 import pytest
 import ruby_stacks
 from app_history import assert_app_history_intact, give_app_history
-from generate import baked, tree
+from generate import baked
 from matrix import combinations, combo_id, expected
 from services import postgres_database, rabbitmq_vhost, redis_database
 
@@ -42,8 +42,6 @@ REPLAY_CASES = {
     "python": [*SUITES["python"], "tests/test_replay.py"],
     "ruby": ["rspec", "spec/replay_spec.rb"],
 }
-# Where a kit's linters read their settings.
-LINTER_SETTINGS = (".rubocop.yml", "pyproject.toml")
 # The ways into a kit that its suite can be run through (REPLAY_ENTRY_POINT); one run each.
 ENTRY_POINTS = {"sqs": ["consumer", "lambda"]}
 # The brokers a kit's live suite runs on, one run each (embedded, a Celery kit uses kombu's in-memory transport).
@@ -243,15 +241,9 @@ def test_kit_suite_proves_the_policy(
 
 @pytest.mark.parametrize("combo", WITH_KIT, ids=combo_id)
 def test_kit_passes_its_own_linters(tmp_path: Path, combo: dict[str, str]) -> None:
-    """The kit's own linters. The first combination of its queue system is linted whole; another, when its linter
-    settings are the same, in the files it does not share with that one (same path and text under the same
-    settings: the same verdict), as rubocop spends some 10 s of CPU on a whole kit."""
+    """The kit's own linters: the first combination of its queue system's whole, another's beside it."""
     kit = baked(tmp_path / "kit", combo)
     first = next(other for other in WITH_KIT if other["queue_system"] == combo["queue_system"])
-    ours = tree(kit)
-    theirs = tree(baked(tmp_path / "first", first)) if combo != first else {}
-    if not theirs or any(ours.get(name) != theirs.get(name) for name in LINTER_SETTINGS):
-        kit_checks.assert_linters_pass(kit, combo["queue_system"])
-        return
-    differing = sorted(name for name, text in ours.items() if theirs.get(name) != text)
-    kit_checks.assert_linters_pass(kit, combo["queue_system"], only=differing)
+    kit_checks.assert_linters_pass_beside(
+        kit, combo["queue_system"], baked(tmp_path / "first", first) if combo != first else None
+    )
