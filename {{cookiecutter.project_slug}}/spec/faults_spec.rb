@@ -95,7 +95,7 @@ RSpec.describe "{{ c.job_type }} under database faults and frozen workers" do
       connection.execute("ALTER TABLE #{table}_away RENAME TO #{table}")
     end
 
-    expected = /ERROR: {{ c.job_type }} #{key}: .*relation "#{table}" does not exist.*: run `.*migrate`/
+    expected = /ERROR.* {{ c.job_type }} #{key}: .*relation "#{table}" does not exist.*: run `.*migrate`/
     expect(log).to match(expected)
     expect([effects.count, record(key)]).to eq([0, "none"])
     expect(@worker.leftovers).to eq(queued: 0, scheduled: 0, retries: 1, dead: 0)

@@ -85,6 +85,8 @@ RSpec.describe "the soak's checks" do
 
     # How a process that takes the message through the middleware ends: its exit status.
     def take(share)
+      # the child uses no database: no open connection to inherit (sqlite3 2 warns of one in a forked child)
+      ActiveRecord::Base.connection_pool.disconnect!
       pid = fork do
         $stderr.reopen(File::NULL) # the worker's line saying so goes to the soak's log, not here
         soak::KillAfterTake.new(share, switch).call(nil, message, "default") { exit!(0) }

@@ -77,8 +77,9 @@ module {{ mod }}
       false
     end
 
+    # (sqlite3 2 ends it with a colon, before the statement on the next line)
     def first_line(error)
-      error.message.lines.first.to_s.strip
+      error.message.lines.first.to_s.strip.delete_suffix(":")
     end
   end
 end

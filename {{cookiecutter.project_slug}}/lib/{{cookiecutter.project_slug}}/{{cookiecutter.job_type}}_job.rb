@@ -198,10 +198,15 @@ module {{ mod }}
       return unless Sidekiq.server?
 
       entry = { "class" => self.class.name, "args" => buried(args), "jid" => jid, "retry" => false,
-                "queue" => self.class.get_sidekiq_options["queue"], "failed_at" => Time.now.to_f,
+                "queue" => self.class.get_sidekiq_options["queue"], "failed_at" => failed_at,
                 "error_class" => error.class.name, "error_message" => error.message }
       # Sidekiq 6.4 has no `sidekiq_retry_in ... :kill`; this is what a kill from the Web UI does.
       Sidekiq::DeadSet.new.kill(JSON.generate(entry), notify_failure: false)
+    end
+
+    # Now, as Sidekiq writes its own timestamps: epoch milliseconds from Sidekiq 8 on, epoch seconds before.
+    def failed_at
+      Gem::Version.new(Sidekiq::VERSION) >= Gem::Version.new("8") ? (Time.now.to_f * 1000).to_i : Time.now.to_f
     end
 
     # The arguments for the dead set: as they came, where they are UTF-8, JSON can write them and they weigh no
