@@ -1,8 +1,9 @@
 """The Ruby stacks the Sidekiq kits are proven on, and how to run a command on each.
 
 debian12: the machine's own Ruby 3.1 with Debian 12's ActiveRecord 6.1, Sidekiq 6.4 and Rails 6.1;
-debian13: Ruby 3.3 with ActiveRecord 7.2, Sidekiq 7.3 and Rails 7.2, in a Debian 13 root that `.ci/ruby-stacks`
-builds (`python3 tests/ruby_stacks.py` prints the suite and folder of each root it builds). A command runs in a
+debian13: Ruby 3.3 with ActiveRecord 7.2, Sidekiq 7.3 and Rails 7.2, in a Debian 13 root; sid: Ruby 3.3 with
+ActiveRecord 7.2, Sidekiq 8.1 and Rails 7.2, in a Debian sid root. `.ci/ruby-stacks` builds the roots
+(`python3 tests/ruby_stacks.py` prints the suite and folder of each). A command runs in a
 root through chroot, in a mount namespace of its own (so that its mounts of /proc, /dev and /tmp vanish with it,
 whatever other runs do): the host's PostgreSQL and Redis answer on 127.0.0.1 as before, and a kit under /tmp has
 the same path inside.
@@ -17,7 +18,7 @@ from pathlib import Path
 # Where `.ci/ruby-stacks` builds the roots, one folder per Debian suite.
 ROOTS = Path(os.environ.get("REPLAY_RUBY_ROOTS", "/var/cache/replay-matrix"))
 # Each stack by name: the Debian suite of its root, or None for this machine's own Ruby.
-SUITES: dict[str, str | None] = {"debian12": None, "debian13": "trixie"}
+SUITES: dict[str, str | None] = {"debian12": None, "debian13": "trixie", "sid": "sid"}
 STACKS: dict[str, Path | None] = {name: ROOTS / suite if suite else None for name, suite in SUITES.items()}
 # What a command inside the root may see of this environment; everything else stays outside.
 PASSED = ("CI", "DATABASE_URL", "REDIS_URL", "REPLAY_HOST_APP", "KEEP_REPLAY_WORK_DIR", "SMTP_HOST", "SMTP_PORT")
