@@ -55,10 +55,11 @@ class Queue:
 
     def worker_command(self, number: int) -> list[str]:
         """The kit's worker (solo pool: one process runs the task and holds its message), by this module as its
-        command, which only allows the shortened visibility timeout."""
+        command, which only allows the shortened visibility timeout. Its heartbeat stays on: that timer turns the
+        event loop, where a solo worker sends its acknowledgements (RabbitMQ, prefetch 1, waits for them)."""
         return [
             *(sys.executable, "-m", __name__, "--pool=solo", "--loglevel=INFO"),
-            *("-n", f"soak-{self.run}-{number}@%h", "--without-mingle", "--without-gossip", "--without-heartbeat"),
+            *("-n", f"soak-{self.run}-{number}@%h", "--without-mingle", "--without-gossip"),
         ]
 
     def describe(self) -> str:
