@@ -46,7 +46,7 @@ def pytest_collection_finish(session: Any) -> None:
     if suites:
         import matrix_report
 
-        matrix_report.plan((params["combo"], params["mode"], params["variant"]) for params in suites)
+        matrix_report.plan((params["combo"], params["mode"], params["variant"], params["stack"]) for params in suites)
 
 
 def pytest_sessionfinish(session: Any) -> None:

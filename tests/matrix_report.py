@@ -31,21 +31,24 @@ def results_file() -> Path:
     return MATRIX / f"results-{RUN_ID}.jsonl"
 
 
-def plan(suites: Iterable[tuple[dict[str, str], str, str | None]]) -> None:
+def plan(suites: Iterable[tuple[dict[str, str], str, str | None, str]]) -> None:
     """Records the suites this run will run, so that the page shows what is still to come."""
     MATRIX.mkdir(parents=True, exist_ok=True)
-    planned = [{"combo": combo, "column": column(mode, variant)} for combo, mode, variant in suites]
+    planned = [{"combo": combo, "column": column(mode, variant, stack)} for combo, mode, variant, stack in suites]
     (MATRIX / f"planned-{RUN_ID}.json").write_text(json.dumps(planned))
     render()
 
 
-def column(mode: str, variant: str | None) -> str:
-    return f"{mode} {variant}" if variant else mode
+def column(mode: str, variant: str | None, stack: str) -> str:
+    """The mode, the broker or entry point, and the stack: "live redis debian12"."""
+    return " ".join(filter(None, [mode, variant, stack]))
 
 
-def record(combo: dict[str, str], mode: str, variant: str | None, seconds: float, passed: bool, kit: Path) -> None:
+def record(
+    combo: dict[str, str], mode: str, variant: str | None, stack: str, seconds: float, passed: bool, kit: Path
+) -> None:
     """One suite's outcome: its reports copied here, a line in the results, the page rendered again."""
-    name = f"{combo_id(combo)}-{column(mode, variant).replace(' ', '-')}"
+    name = f"{combo_id(combo)}-{column(mode, variant, stack).replace(' ', '-')}"
     folder = MATRIX / name
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -54,7 +57,7 @@ def record(combo: dict[str, str], mode: str, variant: str | None, seconds: float
             shutil.copy2(kit / report, folder / report)
     line = {
         "combo": combo,
-        "column": column(mode, variant),
+        "column": column(mode, variant, stack),
         "seconds": round(seconds, 1),
         "passed": passed,
         "report": f"{name}/replay-report.html" if (folder / "replay-report.html").exists() else None,

@@ -8,7 +8,9 @@ written, in a virtual environment of its own; the section's settings are added t
 `manage.py migrate` creates the kit's table beside the project's (reversibly), and the kit's replay suite then
 runs inside the project (REPLAY_HOST_APP): real `celery worker` processes of the project's app, with crash
 points, SIGKILLed mid-run. For the default answers the section runs to the end: the project's worker refuses to
-start before the settings are in, then runs the operation the README sends.
+start before the settings are in, then runs the operation the README sends. On each further Python
+(stacks.PYTHON_STACKS: sid's 3.14, where pip resolves Django 6), the walkthrough's cell runs too, every command
+inside that stack.
 """
 
 from __future__ import annotations
@@ -19,16 +21,16 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import sysconfig
 import time
 from pathlib import Path
 
 import pytest
+import stacks
 from generate import baked, readme_commands
 from matrix import DEFAULTS, combinations, combo_id, covering
 from services import postgres_database, psql, rabbitmq_vhost, redis, redis_database, smtp_sink
-from test_kits import assert_report, run_name
+from test_kits import assert_report, require_stack, run_name
 
 HOST = Path(__file__).parent / "django_host"
 SECTION = "Add to a Django project"
@@ -40,6 +42,14 @@ CELLS = covering(
 # the combination whose README section runs to the end, worker and operation included (the first cell, on Redis)
 WALKTHROUGH = {name: DEFAULTS[name] for name in CELERY[0]}
 TABLE = DEFAULTS["record_table"]
+# Each cell on the first Python; the walkthrough's on every other.
+RUNS = [
+    pytest.param(cell, stack, id=f"{combo_id(cell)}-{stack}")
+    for cell, stack in [
+        *[(cell, stacks.PYTHON_STACKS[0]) for cell in CELLS],
+        *[(CELLS[0], stack) for stack in stacks.PYTHON_STACKS[1:]],
+    ]
+]
 
 
 def settings_block(kit: Path) -> str:
@@ -49,18 +59,30 @@ def settings_block(kit: Path) -> str:
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
-def virtualenv(folder: Path) -> Path:
-    """A virtual environment that sees this interpreter's packages, so that pip installs the kit alone."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
-    site = Path(sysconfig.get_paths(vars={"base": str(folder), "platbase": str(folder)})["purelib"])
-    (site / "test-interpreter.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+def virtualenv(folder: Path, stack: str) -> Path:
+    """A virtual environment that sees the packages of the stack's Python (on this machine: this interpreter's), so
+    that pip installs the kit alone."""
+    python = stacks.python(stack)
+    subprocess.run(
+        stacks.command(stack, [python, "-m", "venv", "--without-pip", str(folder)], folder.parent, {}), check=True
+    )
+    root = stacks.STACKS[stack]
+    packages = (
+        sysconfig.get_paths()["purelib"]
+        if root is None
+        else "/" + str(next(root.glob(f"{stacks.VENV.lstrip('/')}/lib/python3*/site-packages")).relative_to(root))
+    )
+    (next(folder.glob("lib/python3*/site-packages")) / "test-interpreter.pth").write_text(packages + "\n")
     return folder / "bin"
 
 
 @pytest.mark.live
 @pytest.mark.xdist_group("django_host")
-@pytest.mark.parametrize("cell", CELLS, ids=combo_id)
-def test_kit_inside_a_django_project(request: pytest.FixtureRequest, tmp_path: Path, cell: dict[str, str]) -> None:
+@pytest.mark.parametrize(("cell", "stack"), RUNS)
+def test_kit_inside_a_django_project(
+    request: pytest.FixtureRequest, tmp_path: Path, cell: dict[str, str], stack: str
+) -> None:
+    require_stack(stack, "python")
     combo = {name: value for name, value in cell.items() if name != "broker"}
     on_redis = cell["broker"] == "redis"
     kit = baked(tmp_path, combo)
@@ -69,7 +91,7 @@ def test_kit_inside_a_django_project(request: pytest.FixtureRequest, tmp_path: P
     shutil.copytree(HOST, project)
     install, migrate, worker, send = readme_commands(kit, SECTION)
     walkthrough = combo == WALKTHROUGH
-    bin_dir = virtualenv(tmp_path / "venv")
+    bin_dir = virtualenv(tmp_path / "venv", stack)
     removed = ("DATABASE_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "REPLAY_HOST_APP", "PYTHONPATH")
     env = {k: v for k, v in os.environ.items() if k not in (*removed, "DJANGO_SETTINGS_MODULE")}
     env |= {"PATH": f"{bin_dir}{os.pathsep}{env['PATH']}", "VIRTUAL_ENV": str(bin_dir.parent)}
@@ -78,9 +100,12 @@ def test_kit_inside_a_django_project(request: pytest.FixtureRequest, tmp_path: P
         env |= {"DATABASE_URL": database, "CELERY_BROKER_URL": broker, **smtp}
         name = database.rsplit("/", 1)[1]
 
+        def on_stack(argv: list[str]) -> list[str]:
+            return stacks.command(stack, argv, project, env)
+
         def run(command: str) -> str:
             result = subprocess.run(
-                command, shell=True, cwd=project, env=env, capture_output=True, text=True, timeout=300
+                on_stack(["sh", "-c", command]), cwd=project, env=env, capture_output=True, text=True, timeout=300
             )
             assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
             return result.stdout
@@ -96,7 +121,7 @@ def test_kit_inside_a_django_project(request: pytest.FixtureRequest, tmp_path: P
         if walkthrough:
             # the kit is in, the guarantee's settings not yet: Celery's default prefetch (4) contradicts it
             refused = subprocess.run(
-                shlex.split(worker), cwd=project, env=env, capture_output=True, text=True, timeout=120
+                on_stack(shlex.split(worker)), cwd=project, env=env, capture_output=True, text=True, timeout=120
             )
             assert refused.returncode == 1, refused.stdout[-3000:] + refused.stderr[-3000:]
             assert "Traceback" not in refused.stderr, refused.stderr
@@ -124,7 +149,9 @@ def test_kit_inside_a_django_project(request: pytest.FixtureRequest, tmp_path: P
         }
         started = time.monotonic()
         result = subprocess.run(
-            [str(bin_dir / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+            stacks.command(
+                stack, [str(bin_dir / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"], kit, suite_env
+            ),
             cwd=kit,
             env=suite_env,
             capture_output=True,
@@ -132,7 +159,7 @@ def test_kit_inside_a_django_project(request: pytest.FixtureRequest, tmp_path: P
             timeout=900,
         )
         assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
-        print(f"{combo_id(combo)} in Django: suite passed in {time.monotonic() - started:.1f} s")
+        print(f"{combo_id(combo)} in Django on {stack}: suite passed in {time.monotonic() - started:.1f} s")
         assert_report(kit, combo, "live")
         facts = {
             fact["name"]: fact["value"] for fact in json.loads((kit / "replay-report.json").read_text())["environment"]
@@ -147,7 +174,12 @@ def test_kit_inside_a_django_project(request: pytest.FixtureRequest, tmp_path: P
             status = f"SELECT status FROM {TABLE} WHERE operation_key = '{key}'"
             log = (tmp_path / "worker.log").open("wb")
             process = subprocess.Popen(
-                shlex.split(worker), cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                on_stack(shlex.split(worker)),
+                cwd=project,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
             try:
                 run(send)

@@ -1,9 +1,10 @@
 """The harness: for every combination whose queue system has a kit, run the kit's own suite, embedded and live,
 then read the replay-report.json it wrote and hold it to the data; a Sidekiq kit runs on every Ruby stack
-of ruby_stacks.py, the SQS kit through each of its entry points (the consumer, the Lambda handler). A live
+of stacks.py, the SQS kit through each of its entry points (the consumer, the Lambda handler). A live
 Python kit migrates a database that already holds an application's own Alembic history (app_history.py).
 Nothing is proven twice: each test file runs on every combination whose answers change its text, on every mode,
-broker, entry point and stack where it can fail differently (proven_elsewhere).
+broker, entry point and stack where it can fail differently (proven_elsewhere). The Python kits run on a second
+Python too (stacks.PYTHON_STACKS), whole, for a covering set of their runs (second_python_runs).
 Also run each kit's own linters.
 
 A queue system without a kit yet contributes no test here; once its kit exists, every combination runs.
@@ -26,10 +27,10 @@ from xml.etree import ElementTree
 import kit_checks
 import matrix_report
 import pytest
-import ruby_stacks
+import stacks
 from app_history import assert_app_history_intact, give_app_history
 from generate import baked
-from matrix import combinations, combo_id, expected
+from matrix import combinations, combo_id, covering, expected
 from services import postgres_database, rabbitmq_vhost, redis_database
 
 # How each language's kit runs its suite and its linters, from the kit's root.
@@ -81,28 +82,56 @@ WITH_KIT = [combo for combo in combinations() if combo["queue_system"] in LANGUA
 
 
 def variants(queue_system: str, mode: str) -> list[str | None]:
-    """What a kit's suite runs once on each of: a Ruby stack, an entry point, or (live) a broker; else just once."""
-    if LANGUAGES[queue_system] == "ruby":
-        return list(ruby_stacks.STACKS)
+    """What a kit's suite runs once on each of: an entry point, or (live) a broker; else just once."""
     if mode == "live" and queue_system in BROKERS:
         return list(BROKERS[queue_system])
     return list(ENTRY_POINTS.get(queue_system, [None]))
 
 
+Run = tuple[dict[str, str], str, str | None, str]  # combination, mode, broker or entry point, stack
+
+
+def second_python_runs(stack: str) -> list[Run]:
+    """The Python kits' runs on a Python after the first: a few in which every effect kind, policy, mode and broker
+    or entry point of each queue system appears at least once, each running the kit's whole suite. The Python
+    version changes no branch that an answer picks; what it can break (the language, a library's release for it)
+    fails any suite there."""
+    runs = []
+    for queue_system in (queue for queue, language in LANGUAGES.items() if language == "python"):
+        cells = [
+            combo | {"run": f"{mode} {variant or ''}"}
+            for combo in WITH_KIT
+            if combo["queue_system"] == queue_system
+            for mode in ("embedded", "live")
+            for variant in variants(queue_system, mode)
+        ]
+        for cell in covering(cells, ["effect_kind", "stale_claim_policy", "run"]):
+            mode, variant = cell.pop("run").split(" ")
+            runs.append((cell, mode, variant or None, stack))
+    return runs
+
+
 def suite_runs() -> list[pytest.param]:
-    """Every combination with a kit, in both modes; a Ruby kit on every Ruby stack, SQS through each entry point,
-    Celery live on each broker."""
+    """Every combination with a kit, in both modes: SQS through each entry point, Celery live on each broker, a
+    Ruby kit on every Ruby stack, a Python kit on the first Python; and second_python_runs on each other Python."""
+    runs: list[Run] = [
+        (combo, mode, variant, stack)
+        for combo in WITH_KIT
+        for mode in ("embedded", "live")
+        for variant in variants(combo["queue_system"], mode)
+        for stack in (stacks.RUBY_STACKS if LANGUAGES[combo["queue_system"]] == "ruby" else stacks.PYTHON_STACKS[:1])
+    ]
+    runs += [run for stack in stacks.PYTHON_STACKS[1:] for run in second_python_runs(stack)]
     return [
         pytest.param(
             combo,
             mode,
             variant,
-            id=f"{combo_id(combo)}-{mode}" + (f"-{variant}" if variant else ""),
+            stack,
+            id="-".join(filter(None, [combo_id(combo), mode, variant, stack])),
             marks=[pytest.mark.live] if mode == "live" else [],
         )
-        for combo in WITH_KIT
-        for mode in ("embedded", "live")
-        for variant in variants(combo["queue_system"], mode)
+        for combo, mode, variant, stack in runs
     ]
 
 
@@ -146,9 +175,9 @@ def suite_argv(kit: Path, language: str, left_out: set[str]) -> list[str]:
     return SUITES[language] + [path for path in kept if path not in left_out]
 
 
-def require_stack(stack: str) -> None:
-    """A Ruby stack that is not built skips its tests, and fails them in CI."""
-    why = ruby_stacks.missing(stack)
+def require_stack(stack: str, language: str = "ruby") -> None:
+    """A stack that is not built skips its tests, and fails them in CI."""
+    why = stacks.missing(stack, language)
     if why:
         (pytest.fail if CI else pytest.skip)(why)
 
@@ -156,11 +185,13 @@ def require_stack(stack: str) -> None:
 def run_suite(
     kit: Path, language: str, stack: str | None, env: dict[str, str], argv: list[str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """The kit's own suite (or argv), on the stack (a Ruby stack) or with this interpreter."""
+    """The kit's own suite (or argv), on the stack (a Ruby stack, or a Python's), or with this interpreter."""
     argv = argv or SUITES[language]
     if stack:
-        require_stack(stack)
-        argv = ruby_stacks.command(stack, argv, kit, env)
+        require_stack(stack, language)
+        if argv[0] == sys.executable:  # the stack's own Python
+            argv = [stacks.python(stack), *argv[1:]]
+        argv = stacks.command(stack, argv, kit, env)
     return subprocess.run(argv, cwd=kit, env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -201,13 +232,12 @@ def assert_report(
     assert [len(junit.findall(".//testcase")), junit.get("failures"), junit.get("errors")] == [7, "0", "0"]
 
 
-@pytest.mark.parametrize(("combo", "mode", "variant"), suite_runs())
+@pytest.mark.parametrize(("combo", "mode", "variant", "stack"), suite_runs())
 def test_kit_suite_proves_the_policy(
-    request: pytest.FixtureRequest, tmp_path: Path, combo: dict[str, str], mode: str, variant: str | None
+    request: pytest.FixtureRequest, tmp_path: Path, combo: dict[str, str], mode: str, variant: str | None, stack: str
 ) -> None:
     kit = baked(tmp_path, combo)
     language = LANGUAGES[combo["queue_system"]]
-    stack = variant if language == "ruby" else None
     entry_point = variant if variant in ENTRY_POINTS.get(combo["queue_system"], []) else None
     broker = variant if variant in BROKERS.get(combo["queue_system"], []) else None
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL")}
@@ -225,17 +255,19 @@ def test_kit_suite_proves_the_policy(
             if language == "python":
                 give_app_history(database)
         first_variant = variant == variants(combo["queue_system"], mode)[0]
-        left_out = proven_elsewhere(kit, combo, first_variant, tmp_path / "leader")
+        # a second Python's few runs are whole: nothing of theirs is proven elsewhere on that Python
+        second_python = language == "python" and stack != stacks.PYTHON_STACKS[0]
+        left_out = set() if second_python else proven_elsewhere(kit, combo, first_variant, tmp_path / "leader")
         started = time.monotonic()
         result = run_suite(kit, language, stack, env, suite_argv(kit, language, left_out))
         seconds = time.monotonic() - started
-        matrix_report.record(combo, mode, variant, seconds, result.returncode == 0, kit)
+        matrix_report.record(combo, mode, variant, stack, seconds, result.returncode == 0, kit)
         assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
         # nothing skipped or pending: what a mode cannot run is left out of it, and said in the kit's README
         assert not re.search(r"\d+ (skipped|pending)", result.stdout), result.stdout[-3000:]
         if mode == "live" and language == "python":
             assert_app_history_intact(database)
-    print(f"{combo_id(combo)} {mode} {variant or ''}: suite passed in {seconds:.1f} s")
+    print(f"{combo_id(combo)} {mode} {variant or ''} {stack}: suite passed in {seconds:.1f} s")
     assert_report(kit, combo, mode, entry_point, broker)
 
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-import ruby_stacks
+import stacks
 from generate import baked, readme_commands
 from services import postgres_database, psql, redis_database, smtp_sink
 from test_kits import assert_report, require_stack, run_name
@@ -30,14 +30,14 @@ COMBO = {"queue_system": "sidekiq", "effect_kind": "external_no_reference", "sta
 
 def run(stack: str, argv: list[str], cwd: Path, env: dict[str, str]) -> str:
     result = subprocess.run(
-        ruby_stacks.command(stack, argv, cwd, env), cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+        stacks.command(stack, argv, cwd, env), cwd=cwd, env=env, capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, " ".join(argv) + "\n" + result.stdout[-6000:] + result.stderr[-4000:]
     return result.stdout
 
 
 @pytest.mark.live
-@pytest.mark.parametrize("stack", ruby_stacks.STACKS)
+@pytest.mark.parametrize("stack", stacks.RUBY_STACKS)
 def test_kit_inside_an_existing_rails_app(request: pytest.FixtureRequest, tmp_path: Path, stack: str) -> None:
     require_stack(stack)
     app = tmp_path / "host_app"
@@ -88,7 +88,7 @@ def test_kit_inside_an_existing_rails_app(request: pytest.FixtureRequest, tmp_pa
         } <= set(re.findall(r"order_confirmation:[\w:]+", tasks))
 
         # The app's own Sidekiq runs the job: one operation enqueued, one email at the sink, the record completed.
-        app_worker = ruby_stacks.command(stack, worker, app, env)
+        app_worker = stacks.command(stack, worker, app, env)
         sidekiq = subprocess.Popen(app_worker, cwd=app, env=env, start_new_session=True)
         try:
             assert "enqueued send_confirmation ORD-1001" in run(stack, enqueue, app, env)
@@ -108,7 +108,7 @@ def test_kit_inside_an_existing_rails_app(request: pytest.FixtureRequest, tmp_pa
         # The seven cases, inside the app, on its connection and real sidekiq processes.
         suite_env = env | {"REPLAY_HOST_APP": str(app)}
         result = subprocess.run(
-            ruby_stacks.command(stack, ["rspec"], kit, suite_env),
+            stacks.command(stack, ["rspec"], kit, suite_env),
             cwd=kit,
             env=suite_env,
             capture_output=True,
@@ -128,7 +128,7 @@ def test_kit_inside_an_existing_rails_app(request: pytest.FixtureRequest, tmp_pa
 
 
 @pytest.mark.live
-@pytest.mark.parametrize("stack", ruby_stacks.STACKS)
+@pytest.mark.parametrize("stack", stacks.RUBY_STACKS)
 def test_install_brings_an_earlier_revision_of_the_kit_up_to_date(
     request: pytest.FixtureRequest, tmp_path: Path, stack: str
 ) -> None:
@@ -186,7 +186,7 @@ def test_install_brings_an_earlier_revision_of_the_kit_up_to_date(
 
 
 @pytest.mark.live
-@pytest.mark.parametrize("stack", ruby_stacks.STACKS)
+@pytest.mark.parametrize("stack", stacks.RUBY_STACKS)
 def test_same_database_kit_inside_an_existing_rails_app(
     request: pytest.FixtureRequest, tmp_path: Path, stack: str
 ) -> None:
@@ -208,7 +208,7 @@ def test_same_database_kit_inside_an_existing_rails_app(
 
         suite_env = env | {"REPLAY_HOST_APP": str(app)}
         result = subprocess.run(
-            ruby_stacks.command(stack, ["rspec"], kit, suite_env),
+            stacks.command(stack, ["rspec"], kit, suite_env),
             cwd=kit,
             env=suite_env,
             capture_output=True,

@@ -211,10 +211,10 @@ def test_the_matrix_page(browser: webdriver.Chrome, tmp_path: Path, monkeypatch:
     monkeypatch.setattr(matrix_report, "MATRIX", tmp_path / "matrix")
     hold = {"effect_kind": "external_no_reference", "stale_claim_policy": "hold"}
     combos = [{"queue_system": queue_system, **hold} for queue_system in LANGUAGES]
-    matrix_report.plan([(combo, mode, None) for combo in combos for mode in ("embedded", "live")])
+    matrix_report.plan([(combo, mode, None, "debian12") for combo in combos for mode in ("embedded", "live")])
     for combo in combos:
         kit, passed = kit_with_reports(tmp_path / combo["queue_system"], combo["queue_system"])
-        matrix_report.record(combo, "embedded", None, 12.5, passed, kit)
+        matrix_report.record(combo, "embedded", None, "debian12", 12.5, passed, kit)
     page = matrix_report.render()
 
     open_page(browser, page)

@@ -6,7 +6,6 @@ Run through each tool's command line, as a user would meet them. (Asked interact
 from __future__ import annotations
 
 import ast
-import builtins
 import os
 import random
 import subprocess
@@ -14,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import ruby_stacks
+import stacks
 import yaml
 from generate import with_cookiecutter
 from matrix import ROOT, answers, facts, invalid_combinations, problem
@@ -221,11 +220,26 @@ RUBY_LIBRARIES = (
 )
 
 
-def test_the_taken_names_cover_this_python() -> None:
-    """The lists in replay_matrix.jinja hold every module of this Python's standard library and every builtin."""
+# Every module of a Python's standard library and every builtin, as one line each.
+PYTHON_NAMES = "import builtins, sys; print(*sorted(sys.stdlib_module_names)); print(*dir(builtins))"
+
+
+@pytest.mark.parametrize("stack", stacks.PYTHON_STACKS)
+def test_the_taken_names_cover_each_python(stack: str, tmp_path: Path) -> None:
+    """The lists in replay_matrix.jinja hold every module of each Python's standard library and every builtin."""
+    why = stacks.missing(stack, "python")
+    if why:
+        (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)(why)  # in CI nothing may skip
+    argv = stacks.command(stack, [stacks.python(stack), "-c", PYTHON_NAMES], tmp_path, {})
+    lines = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.splitlines()
+    stdlib, builtin_names = (
+        {name for name in line.split() if not name.startswith("_") and name.islower()} for line in lines
+    )
     modules, builtins_ = set(facts().python_modules.split()), set(facts().python_builtins.split())
-    assert {name for name in sys.stdlib_module_names if not name.startswith("_") and name.islower()} <= modules
-    assert {name for name in dir(builtins) if not name.startswith("_") and name.islower()} <= builtins_
+    assert not stdlib - modules, f"add to python_modules in replay_matrix.jinja: {' '.join(sorted(stdlib - modules))}"
+    assert not builtin_names - builtins_, (
+        f"add to python_builtins in replay_matrix.jinja: {' '.join(sorted(builtin_names - builtins_))}"
+    )
 
 
 @pytest.mark.parametrize("effect_kind", list(facts().effect_kinds))
@@ -312,12 +326,12 @@ RUBY_CONSTANTS = (
 )
 
 
-@pytest.mark.parametrize("stack", list(ruby_stacks.STACKS))
+@pytest.mark.parametrize("stack", list(stacks.RUBY_STACKS))
 def test_the_taken_names_cover_each_ruby_stack(stack: str, tmp_path: Path) -> None:
-    why = ruby_stacks.missing(stack)
+    why = stacks.missing(stack)
     if why:
         (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)(why)  # in CI nothing may skip
-    argv = ruby_stacks.command(stack, ["ruby", "-e", RUBY_CONSTANTS, *RUBY_LIBRARIES.split()], tmp_path, {})
+    argv = stacks.command(stack, ["ruby", "-e", RUBY_CONSTANTS, *RUBY_LIBRARIES.split()], tmp_path, {})
     listed = {name.lower() for name in subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()}
     assert {"sidekiq", "active_record", "i_o_error"} <= listed
     missing = listed - set(facts().ruby_constants.split())
