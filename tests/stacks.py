@@ -30,11 +30,12 @@ STACKS: dict[str, Path | None] = {name: ROOTS / suite if suite else None for nam
 # What each language's kits run on.
 RUBY_STACKS = ["debian12", "debian13", "sid"]
 PYTHON_STACKS = ["debian12", "sid"]
-# The Debian packages a root needs for each language: Ruby and the Sidekiq kit's gems (RubyGems is not
-# reachable); Python and venv (the kits' dependencies come from PyPI).
+# The Debian packages a root needs for each language: Ruby and every gem of the Sidekiq kit's Gemfile, so that its
+# `bundle install --local` resolves (RubyGems is not reachable); Python and venv (the kits' dependencies come from
+# PyPI).
 PACKAGES = {
     "ruby": "ruby ruby-sidekiq ruby-activerecord ruby-railties ruby-pg ruby-sqlite3 ruby-rspec ruby-redis "
-    "ruby-mustache bundler ca-certificates",
+    "ruby-mustache rubocop bundler ca-certificates",
     "python": "python3 python3-venv ca-certificates",
 }
 # In a root: the virtual environment with the Python kits' dependencies, and its interpreter.

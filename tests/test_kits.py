@@ -279,3 +279,22 @@ def test_kit_passes_its_own_linters(tmp_path: Path, combo: dict[str, str]) -> No
     kit_checks.assert_linters_pass_beside(
         kit, combo["queue_system"], baked(tmp_path / "first", first) if combo != first else None
     )
+
+
+@pytest.mark.parametrize(
+    ("combo", "stack"),
+    [
+        pytest.param(combo, stack, id=f"{combo_id(combo)}-{stack}")
+        for combo in WITH_KIT
+        if LANGUAGES[combo["queue_system"]] == "ruby" and policy_leader(combo) == combo
+        for stack in stacks.RUBY_STACKS[1:]
+    ],
+)
+def test_the_sidekiq_kit_passes_the_rubocop_of_each_stack(tmp_path: Path, combo: dict[str, str], stack: str) -> None:
+    """The Gemfile takes the newest rubocop: each stack's too, on each effect kind's first kit (every kit passes this
+    machine's rubocop in test_kit_passes_its_own_linters)."""
+    require_stack(stack)
+    kit = baked(tmp_path, combo)
+    (rubocop,) = kit_checks.linters("ruby")
+    result = subprocess.run(stacks.command(stack, rubocop, kit, {}), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]

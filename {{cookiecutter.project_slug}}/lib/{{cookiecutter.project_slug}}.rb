@@ -140,7 +140,12 @@ module {{ mod }}
 
       @sqlite_waits_in_ruby = true
       ActiveRecord::ConnectionAdapters::AbstractAdapter.set_callback(:checkout, :after) do
-        raw_connection.busy_handler { |tries| tries < 1000 && sleep(0.005) } if adapter_name == "SQLite"
+        next unless adapter_name == "SQLite"
+
+        raw_connection.busy_handler { |tries| tries < 1000 && sleep(0.005) }
+        # raw_connection made this connection begin each transaction at once, and ActiveRecord 8 begins SQLite's
+        # as IMMEDIATE (the write lock from the start): begin at the first statement again, as before.
+        enable_lazy_transactions!
       end
     end
   end

@@ -36,6 +36,7 @@ RSpec.describe "retention of completed records" do
     default = Class.new { include Sidekiq::Job }
     more = Class.new do
       include Sidekiq::Job
+
       sidekiq_options retry: 30
     end
 

@@ -43,7 +43,7 @@ RSpec.describe "a worker of {{ c.job_type }} on a database it cannot use", unles
     sql = File.read(File.join(kit_dir, "schema.sql")).gsub(/--.*$/, "").split(";").map(&:strip).reject(&:empty?)
     SQLite3::Database.new(path) do |db|
       sql.reject { |statement| statement.include?("_queued") }.each do |statement|
-        db.execute(statement.sub(/'queued', /, "").sub(/'failed', /, ""))
+        db.execute(statement.sub("'queued', ", "").sub("'failed', ", ""))
       end
     end
     "sqlite3:#{path}"
