@@ -65,6 +65,8 @@ def missing(stack: str, language: str = "ruby") -> str | None:
         return None
     if not (root / ".replay-matrix-stack").exists():
         return f"the {stack} stack is not built at {root}: run .ci/stacks"
+    if language == "python" and not (root / "usr/bin/python3").exists():
+        return f"the {stack} stack at {root} was built without Python: run .ci/stacks"
     if language == "python" and not (root / VENV.lstrip("/") / "requirements.txt").exists():
         return f"the {stack} stack has no Python kit dependencies in {root}{VENV}: run tox (it installs them)"
     return None
@@ -99,8 +101,8 @@ def install_python_requirements(requirements: Path) -> None:
     wanted = requirements.read_text()
     for stack in PYTHON_STACKS:
         root = STACKS[stack]
-        if root is None or not (root / ".replay-matrix-stack").exists():
-            continue
+        if root is None or not (root / "usr/bin/python3").exists():
+            continue  # not built, or built before it had Python: missing() says so, and .ci/stacks builds it
         # pip inside trusts what this machine trusts (a proxy's certificate may be among them)
         shutil.copy("/etc/ssl/certs/ca-certificates.crt", root / "etc/ssl/certs/replay-host.crt")
         (root / "etc/pip.conf").write_text("[global]\ncert = /etc/ssl/certs/replay-host.crt\n")

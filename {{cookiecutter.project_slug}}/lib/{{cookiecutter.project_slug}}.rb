@@ -160,6 +160,11 @@ end
 
 # On its own the kit loads its parts; in a Rails app (app/sidekiq/) Rails' autoloader does, file by file.
 unless defined?(Rails.autoloaders)
+  # Sidekiq 6.4's fetch passes redis-rb 4.8 its timeout the old way, and redis-rb then logs a deprecation at every
+  # poll (some 5 lines a second, none of them the kit's); Sidekiq 6.5 and redis-rb 5 have none. An app keeps its own.
+  old_sidekiq = Gem::Version.new(Sidekiq::VERSION) < Gem::Version.new("6.5")
+  Redis.silence_deprecations = true if old_sidekiq && Redis.respond_to?(:silence_deprecations=)
+
   parts = %w[claims database_check effect {{ c.job_type }}_job stale_claim_sweeper_job held_operations]
   parts.each do |part|
     require_relative "{{ c.project_slug }}/#{part}"

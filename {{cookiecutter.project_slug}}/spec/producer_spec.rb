@@ -135,6 +135,7 @@ RSpec.describe "the producer of {{ c.job_type }}" do
     expect(row(key)).to include("status" => "completed", "attempt" => 1)
     expect(row(key)["claim_token"]).not_to eq(token)
     expect(log).not_to include("taken over")
+    expect(log).to include("#{key}: performed and completed (attempt 1)")
     expect(effects.count).to eq(1)
   end
 

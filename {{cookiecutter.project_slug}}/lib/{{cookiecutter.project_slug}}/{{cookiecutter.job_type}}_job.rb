@@ -87,17 +87,7 @@ module {{ mod }}
 
     def perform(*args)
       {{ key }}, details = message_from(args)
-{%- if kind.one_transaction %}
-      # The claim, the effect's row and the completion commit together or not at all: a worker that dies
-      # part-way leaves nothing behind, and the next delivery does the work once.
-      claims.transaction do
-        claim = claim_operation({{ key }}, details)
-        perform_claimed(claim, details) if claim
-      end
-{%- else %}
-      claim = claim_operation({{ key }}, details)
-      perform_claimed(claim, details) if claim
-{%- endif %}
+      settle(details) { claim_operation({{ key }}, details) }
     rescue BadMessage, Claims::PayloadConflict => e
       refuse(args, e)
     rescue ActiveRecord::ActiveRecordError => e
@@ -111,18 +101,28 @@ module {{ mod }}
     # The sweeper's entry: applies the policy to a claim it found stale, and performs the effect again when
     # the policy says so{{ " (resend)" if c.stale_claim_policy == "resend" else "" }}{{ " (lookup: only if the provider lacks it)" if c.stale_claim_policy == "lookup" else "" }}.
     def sweep_stale({{ key }}, token)
-{%- if kind.one_transaction %}
-      claims.transaction do
-        claim = claims.apply_policy({{ key }}, token)
-        perform_claimed(claim, stored_details({{ key }})) if claim
-      end
-{%- else %}
-      claim = claims.apply_policy({{ key }}, token)
-      perform_claimed(claim, stored_details({{ key }})) if claim
-{%- endif %}
+      settle { claims.apply_policy({{ key }}, token) }
     end
 
     private
+
+    # Performs the effect under the claim the block takes (nil: nothing to do here), with the message's details or,
+    # for the sweeper, those the record keeps; once that is committed, logs it as the Python kits do.
+{%- if kind.one_transaction %}
+    # The claim, the effect's row and the completion commit together or not at all: a worker that dies part-way
+    # leaves nothing behind, and the next delivery does the work once.
+    def settle(details = nil)
+      claim = claims.transaction do
+        taken = yield
+        taken if taken && perform_claimed(taken, details || stored_details(taken.key))
+      end
+{%- else %}
+    def settle(details = nil)
+      claim = yield
+      claim = nil unless claim && perform_claimed(claim, details || stored_details(claim.key))
+{%- endif %}
+      logger.info("{{ c.job_type }} #{claim.key}: performed and completed (attempt #{claim.attempt})") if claim
+    end
 
     # [key, details]: the message is the key, and its details when enqueue sent it; else Effect.details_for.
     def message_from(args)
@@ -236,6 +236,7 @@ module {{ mod }}
       claims.claim({{ key }}, fingerprint({{ key }}, details))
     end
 
+    # True when this run performed the effect and completed the record.
     def perform_claimed(claim, details)
 {%- if c.stale_claim_policy == "lookup" %}
       # Taken over from a run that may have died after the effect: ask the provider before sending again.
@@ -243,7 +244,8 @@ module {{ mod }}
         logger.warn(
           "{{ c.job_type }} #{claim.key}: the provider has it already; completed without sending again"
         )
-        return complete_operation(claim)
+        complete_operation(claim)
+        return false # completed, not performed here
       end
 
 {%- endif %}
