@@ -35,7 +35,10 @@ def plan(suites: Iterable[tuple[dict[str, str], str, str | None, str]]) -> None:
     """Records the suites this run will run, so that the page shows what is still to come."""
     MATRIX.mkdir(parents=True, exist_ok=True)
     planned = [{"combo": combo, "column": column(mode, variant, stack)} for combo, mode, variant, stack in suites]
-    (MATRIX / f"planned-{RUN_ID}.json").write_text(json.dumps(planned))
+    # every pytest worker writes the same plan, at the same time: each whole, by a rename, so that none reads half
+    written = MATRIX / f"planned-{RUN_ID}.json.{os.getpid()}"
+    written.write_text(json.dumps(planned))
+    written.replace(MATRIX / f"planned-{RUN_ID}.json")
     render()
 
 
@@ -78,7 +81,9 @@ def render(finished: bool = False) -> Path:
     planned = json.loads(planned_file.read_text()) if planned_file.exists() else []
     done = results()
     page = MATRIX / "index.html"
-    page.write_text(matrix_page(planned, done, finished))
+    written = MATRIX / f"index.html.{os.getpid()}"  # whole, by a rename, as plan() writes
+    written.write_text(matrix_page(planned, done, finished))
+    written.replace(page)
     return page
 
 
