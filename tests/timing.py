@@ -36,7 +36,7 @@ def table(reports: Iterable[Any], suites: list[dict[str, Any]]) -> str:
     lines.append(f"  {'all':<32}{len(tests):>7}{sum(tests.values()):>10.0f}")
     if suites:
         lines += ["", "timing: kit suites (test_kits) against their targets, under this run's load"]
-        lines.append(f"  {'suite':<28}{'runs':>6}{'median':>9}{'longest':>9}{'target':>8}{'over':>6}")
+        lines.append(f"  {'suite':<34}{'runs':>6}{'median':>9}{'longest':>9}{'target':>8}{'over':>6}")
         grouped: dict[str, list[float]] = defaultdict(list)
         for suite in suites:
             grouped[f"{suite['combo']['queue_system']} {suite['column']}"].append(suite["seconds"])
@@ -44,7 +44,7 @@ def table(reports: Iterable[Any], suites: list[dict[str, Any]]) -> str:
             target = SUITE_TARGETS[name.split()[1]]
             over = sum(seconds > target for seconds in times)
             lines.append(
-                f"  {name:<28}{len(times):>6}{statistics.median(times):>9.1f}{max(times):>9.1f}{target:>8.0f}{over:>6}"
+                f"  {name:<34}{len(times):>6}{statistics.median(times):>9.1f}{max(times):>9.1f}{target:>8.0f}{over:>6}"
             )
     lines += ["", "timing: the ten slowest tests"]
     for nodeid, seconds in sorted(tests.items(), key=lambda item: -item[1])[:10]:

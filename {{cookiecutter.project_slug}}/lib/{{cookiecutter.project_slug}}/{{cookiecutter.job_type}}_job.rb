@@ -121,7 +121,9 @@ module {{ mod }}
       claim = yield
       claim = nil unless claim && perform_claimed(claim, details || stored_details(claim.key))
 {%- endif %}
-      logger.info("{{ c.job_type }} #{claim.key}: performed and completed (attempt #{claim.attempt})") if claim
+      return unless claim
+
+      logger.info("{{ c.job_type }} #{claim.key}: performed and completed (attempt #{claim.attempt})")
     end
 
     # [key, details]: the message is the key, and its details when enqueue sent it; else Effect.details_for.
