@@ -72,6 +72,15 @@ def missing(stack: str, language: str = "ruby") -> str | None:
     return None
 
 
+def require(stack: str, language: str = "ruby") -> None:
+    """A stack that cannot run here skips its test, and fails it in CI (CI=true), where nothing may skip."""
+    why = missing(stack, language)
+    if why:
+        import pytest  # only the tests ask; .ci/stacks runs this module without it
+
+        (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)(why)
+
+
 def command(stack: str, argv: list[str], cwd: Path, env: dict[str, str]) -> list[str]:
     """argv, run in cwd on the stack, with env (the host's own stack takes it whole)."""
     root = STACKS[stack]

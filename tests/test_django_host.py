@@ -30,7 +30,7 @@ import stacks
 from generate import baked, readme_commands
 from matrix import DEFAULTS, combinations, combo_id, covering
 from services import postgres_database, psql, rabbitmq_vhost, redis, redis_database, smtp_sink
-from test_kits import assert_report, require_stack, run_name
+from test_kits import assert_report, run_name
 
 HOST = Path(__file__).parent / "django_host"
 SECTION = "Add to a Django project"
@@ -82,7 +82,7 @@ def virtualenv(folder: Path, stack: str) -> Path:
 def test_kit_inside_a_django_project(
     request: pytest.FixtureRequest, tmp_path: Path, cell: dict[str, str], stack: str
 ) -> None:
-    require_stack(stack, "python")
+    stacks.require(stack, "python")
     combo = {name: value for name, value in cell.items() if name != "broker"}
     on_redis = cell["broker"] == "redis"
     kit = baked(tmp_path, combo)

@@ -25,7 +25,7 @@ import pytest
 import stacks
 from generate import baked, readme_commands
 from services import postgres_database, psql, redis_database, smtp_sink
-from test_kits import require_stack, run_name
+from test_kits import run_name
 
 COMBO = {"queue_system": "sidekiq", "effect_kind": "external_no_reference", "stale_claim_policy": "hold"}
 KEY = "ORD-1001"
@@ -49,7 +49,7 @@ def until(what: str, check: Callable[[], bool], seconds: float = 30) -> None:
 @pytest.mark.live
 @pytest.mark.parametrize("stack", stacks.RUBY_STACKS)
 def test_sidekiq_readme_commands_run_as_written(request: pytest.FixtureRequest, tmp_path: Path, stack: str) -> None:
-    require_stack(stack)
+    stacks.require(stack)
     kit = baked(tmp_path, COMBO)
     install, migrate, worker, enqueue = readme_commands(kit, "On its own")
     held_list, resolve_done, resolve_again = readme_commands(kit, "A person's task")

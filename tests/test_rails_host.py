@@ -22,7 +22,7 @@ import pytest
 import stacks
 from generate import baked, readme_commands
 from services import postgres_database, psql, redis_database, smtp_sink
-from test_kits import assert_report, require_stack, run_name
+from test_kits import assert_report, run_name
 
 HOST = Path(__file__).parent / "rails_host"
 COMBO = {"queue_system": "sidekiq", "effect_kind": "external_no_reference", "stale_claim_policy": "hold"}
@@ -39,7 +39,7 @@ def run(stack: str, argv: list[str], cwd: Path, env: dict[str, str]) -> str:
 @pytest.mark.live
 @pytest.mark.parametrize("stack", stacks.RUBY_STACKS)
 def test_kit_inside_an_existing_rails_app(request: pytest.FixtureRequest, tmp_path: Path, stack: str) -> None:
-    require_stack(stack)
+    stacks.require(stack)
     app = tmp_path / "host_app"
     shutil.copytree(HOST, app)
     kit = baked(tmp_path, COMBO)  # beside the app, as the kit's README has it
@@ -136,7 +136,7 @@ def test_install_brings_an_earlier_revision_of_the_kit_up_to_date(
     own effect; the soak, which earlier revisions copied into the app): the README's install line, run again,
     writes the third migration after the app's migrations and the kit's changed files, keeps the app's effect and
     removes the soak; the app's db:migrate applies it; once more, it writes nothing."""
-    require_stack(stack)
+    stacks.require(stack)
     app = tmp_path / "host_app"
     shutil.copytree(HOST, app)
     kit = baked(tmp_path, COMBO)
@@ -192,7 +192,7 @@ def test_same_database_kit_inside_an_existing_rails_app(
 ) -> None:
     """The claim, the effect's row and the completion in one transaction of the app's own connection: installed
     and migrated as the README says, then the replay suite inside the app, on real sidekiq processes."""
-    require_stack(stack)
+    stacks.require(stack)
     combo = COMBO | {"effect_kind": "same_database"}
     app = tmp_path / "host_app"
     shutil.copytree(HOST, app)
