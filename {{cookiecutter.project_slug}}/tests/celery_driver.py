@@ -209,17 +209,22 @@ class LiveDriver(CeleryDriver):
         self._dead_task_id: str | None = None
         self._held_back = False
 
-    def start_worker(self) -> None:
+    def start_worker(self, options: list[str] = WORKER_OPTIONS) -> str:
+        """One more worker process, with the suite's options or others (a prefork pool); its name."""
         self._started += 1
         name = f"replay{self._started}"
         log = (self.workdir / f"{name}.log").open("wb")
         self.workers[name] = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "celery_live_worker", "worker", "-n", f"{name}@%h", *WORKER_OPTIONS],
+            [sys.executable, "-m", "celery", "-A", "celery_live_worker", "worker", "-n", f"{name}@%h", *options],
             cwd=KIT_ROOT,
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+        return name
+
+    def stop_worker(self, name: str) -> None:
+        stop_processes([self.workers.pop(name)])
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -233,14 +238,7 @@ class LiveDriver(CeleryDriver):
                 time.sleep(0.05)
 
     def stop(self) -> None:
-        for worker in self.workers.values():
-            worker.terminate()
-        for worker in self.workers.values():
-            try:
-                worker.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait()
+        stop_processes(list(self.workers.values()))
         # messages still waiting (retries at the end of a lease) were put back on shutdown: drop them
         self.app.control.purge()
         self.forget_results()
@@ -332,6 +330,18 @@ class LiveDriver(CeleryDriver):
         with self.app.connection_for_write() as connection:
             queue = self.app.amqp.queues[self.app.conf.task_default_queue](connection.default_channel)
             return int(queue.queue_declare().message_count)
+
+
+def stop_processes(workers: list[subprocess.Popen[bytes]]) -> None:
+    """A warm shutdown, or SIGKILL for a worker still running after 15 s (a run that hangs)."""
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
+        try:
+            worker.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 {%- set c = cookiecutter -%}
 {%- set q = c.queue_system -%}
 """Faults the seven cases do not name, in every kit: the database gone at the claim, the record table gone
-under a running worker{{ ", an item on the queue that is no message" if q == "celery" else "" }}.
+under a running worker{{ ", an item on the queue that is no message,\na prefork pool's processes forked from one that used the database" if q == "celery" else "" }}.
 What the database gone at the completion or a frozen worker does depends on where the effect lands:
 test_faults_{{ "same_database" if kind.one_transaction else "external_effect" }}.py.
 Live only (conftest.py does not collect the fault tests embedded: SQLite has no server to lose).
@@ -136,4 +136,28 @@ def test_an_item_on_the_queue_that_is_no_message_loses_nothing_else(
         assert "Unrecoverable error: JSONDecodeError" in log, log[-3000:]
     else:
         assert stopped == []
+
+
+def test_a_prefork_worker_performs_each_operation_once_on_connections_of_its_own(
+    driver: LiveDriver, effects: Effects, records: Records
+) -> None:
+    """The worker as the README starts it: Celery's prefork pool, whose processes are forked from one that used the
+    database when it started (it checks the table). Each process opens its own connections: had they shared the
+    parent's, two at once would read each other's results, and deliveries would hang or fail."""
+    driver.wait_ready()
+    solo = list(driver.workers)
+    driver.consume(False, solo)  # the burst goes to the prefork worker alone
+    prefork = driver.start_worker(["-P", "prefork", "-c", "2", "-l", "INFO"])
+    try:
+        driver.wait_ready()
+        keys = [f"FAULT-PREFORK-{n}" for n in range(20)]
+        messages = [driver.send_message(key, DETAILS) for key in keys]
+        assert [driver.settle(message).action for message in messages] == ["performed"] * len(keys)
+    finally:
+        driver.stop_worker(prefork)
+        driver.consume(True, solo)
+    assert [effects.count(key) for key in keys] == [1] * len(keys)
+    assert records.count("completed") == len(keys)
+    runs = [run for message in messages for run in driver.runs(message)]
+    assert len({run.pid for run in runs}) == 2, "both of the pool's processes ran some"
 {%- endif %}

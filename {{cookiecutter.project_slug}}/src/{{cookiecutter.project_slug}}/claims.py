@@ -27,6 +27,7 @@ import sqlite3
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -270,8 +271,23 @@ def _postgresql_settings(dbapi_connection: Any, _record: Any) -> None:
     dbapi_connection.autocommit = autocommit
 
 
+# The engines of this process. A forked child (a Celery prefork worker's process) must not use a connection its
+# parent left in a pool (the worker's start-up checks the table): two processes on one socket read each other's
+# results, and a delivery hangs or fails. The child starts with empty pools; the parent's connections stay open.
+_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _forget_the_parents_connections() -> None:
+    for engine in list(_ENGINES):
+        engine.dispose(close=False)
+
+
+os.register_at_fork(after_in_child=_forget_the_parents_connections)
+
+
 def connect(url: str | None = None) -> Engine:
     engine = create_engine(url or settings.database_url())
+    _ENGINES.add(engine)
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
     elif engine.dialect.name == "postgresql":
