@@ -11,11 +11,13 @@ is not reachable here.)
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -29,6 +31,8 @@ from test_kits import run_name
 
 COMBO = {"queue_system": "sidekiq", "effect_kind": "external_no_reference", "stale_claim_policy": "hold"}
 KEY = "ORD-1001"
+# who the kit's commands record as the person at the keyboard: the OS user at this host (a stack's root shares both)
+ME = f"{getpass.getuser()}@{socket.gethostname()}"
 
 
 # goal 3's floor: the kit's statements, raw, around the same effect, in the same sidekiq process
@@ -52,7 +56,7 @@ def test_sidekiq_readme_commands_run_as_written(request: pytest.FixtureRequest, 
     stacks.require(stack)
     kit = baked(tmp_path, COMBO)
     install, migrate, worker, enqueue = readme_commands(kit, "On its own")
-    held_list, resolve_done, resolve_again = readme_commands(kit, "A person's task")
+    held_list, resolve_done, resolve_again, resolutions = readme_commands(kit, "A person's task")
     status_command, cron_line = readme_commands(kit, "The status, for a monitor")
     probe = cron_line.split(maxsplit=5)[5]  # the cron line's command, without its schedule (five fields)
     (from_the_app,) = readme_commands(kit, "Sending from your app: the record first")
@@ -117,7 +121,10 @@ def test_sidekiq_readme_commands_run_as_written(request: pytest.FixtureRequest, 
             assert run(probe).stdout == "send_confirmation needs attention: rake order_confirmation:status\n"
             missing = run("bundle exec rake order_confirmation:held:resolve DONE=yes", check=False)
             assert missing.returncode != 0 and "KEY is missing: pass the order_reference" in missing.stderr
-            run(resolve_done)
+            done = run(resolve_done).stdout
+            # the one log line, with who the machine knew: the name given is free text
+            audit = "resolved by alice as {} (database role postgres): held -> completed: the customer has the email"
+            assert audit.format(ME) in done, done
             assert (status(), len(mail.received)) == ("completed", 1)
 
             held_after_the_lease()
@@ -135,6 +142,13 @@ def test_sidekiq_readme_commands_run_as_written(request: pytest.FixtureRequest, 
             deleted = run(retain).stdout
             assert "1 completed record(s) of send_confirmation older than 30 days deleted" in deleted
             assert status() == ""
+            # both resolutions outlive the record
+            *kept, count = run(resolutions).stdout.splitlines()
+            assert [line.split("\t")[2:] for line in kept] == [
+                ["alice", ME, "postgres", "held -> completed", "the customer has the email"],
+                ["alice", ME, "postgres", "held -> queued", "never arrived: send it"],
+            ], kept
+            assert count == "2 resolutions"
 
             # the app's send, in its transaction, as the README shows it: the record, then the message after the commit,
             # from a Ruby process standing for the app (its ActiveRecord connected, as an app's is)

@@ -27,7 +27,7 @@ import pytest
 from generate import baked, readme_commands, tree
 from moto.server import ThreadedMotoServer
 from services import Mailbox, postgres_database, psql, redis_database, smtp_sink
-from test_kit_readme import until
+from test_kit_readme import ME, until
 from test_kits import run_name
 
 KEY = "ORD-1001"
@@ -209,7 +209,7 @@ def install_run_and_resolve(user: User, queue_system: str, mail: Mailbox, databa
     "Retention" and "Sending from your app", against the live services."""
     install, migrate, *workers, send = readme_commands(user.kit, "Install and run")
     (sweep,) = readme_commands(user.kit, "The sweeper")
-    held, resolve_done, resolve_release = readme_commands(user.kit, "A person's command")
+    held, resolve_done, resolve_release, resolutions = readme_commands(user.kit, "A person's command")
     status_command, cron_line = readme_commands(user.kit, "The status, for a monitor")
     (retain,) = readme_commands(user.kit, "Retention")
     from_the_app = readme_commands(user.kit, "Sending from your app: the record first")
@@ -261,7 +261,10 @@ def install_run_and_resolve(user: User, queue_system: str, mail: Mailbox, databa
     assert listed[0].split() == ["key", "status", "attempt", "claimed", "at", "note", "payload"], listed
     assert listed[1].startswith(f"{KEY} ") and listed[1].endswith('{"email": "customer@example.com"}'), listed
     assert listed[2:] == ["1 held"], listed
-    assert "completed by alice" in user.run(resolve_done).stdout
+    done = user.run(resolve_done)
+    assert "completed by alice" in done.stdout
+    # the one log line, with who the machine knew: the name given is free text
+    assert f"resolved by alice as {ME} (database role postgres): held -> completed: the customer has it" in done.stderr
     assert (status(), received(mail, KEY)) == ("completed", 1)
 
     held_after_the_lease()
@@ -277,6 +280,13 @@ def install_run_and_resolve(user: User, queue_system: str, mail: Mailbox, databa
     psql(f"UPDATE {TABLE} SET completed_at = completed_at - interval '{int(days) + 1} days'", database=name)
     assert user.run(retain).stdout == f"deleted 1 completed records of send_confirmation older than {days} days\n"
     assert status() == ""
+    # both resolutions outlive the record: by alice, as this machine's user, seen by the database as postgres
+    kept = [re.split(r"\s{2,}", line) for line in user.run(resolutions).stdout.splitlines()]
+    assert [row[2:] for row in kept[1:-1]] == [
+        ["alice", ME, "postgres", "held -> completed", "the customer has it"],
+        ["alice", ME, "postgres", "held -> queued", "never arrived"],
+    ], kept
+    assert kept[-1] == ["2 resolutions"], kept
 
     # the producer, from the app's code as the README shows it: the record, then the message; the same operation
     # asked for again in the app's Session goes after its commit, and its claim skips it: as completed, or, when

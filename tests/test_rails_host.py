@@ -62,6 +62,7 @@ def test_kit_inside_an_existing_rails_app(request: pytest.FixtureRequest, tmp_pa
             "create_handled_operations.rb",
             "index_claimed_handled_operations.rb",
             "queued_and_failed_handled_operations.rb",
+            "resolutions_handled_operations.rb",
         ]
         for migration in migrations:
             assert f"ActiveRecord::Migration[{version.strip()}]" in migration.read_text()
@@ -149,7 +150,9 @@ def test_install_brings_an_earlier_revision_of_the_kit_up_to_date(
         run(stack, ["bundle", "install", "--local"], app, env)
         run(stack, install, app, env)
         # the app as the kit's second revision left it
-        next((app / "db/migrate").glob("*_queued_and_failed_handled_operations.rb")).unlink()
+        later = ("queued_and_failed_handled_operations.rb", "resolutions_handled_operations.rb")
+        for migration in later:
+            next((app / "db/migrate").glob(f"*_{migration}")).unlink()
         job = app / "app/sidekiq/order_confirmation/send_confirmation_job.rb"
         job.write_text(job.read_text() + "# an earlier revision\n")
         effect = app / "app/sidekiq/order_confirmation/effect.rb"
@@ -161,11 +164,11 @@ def test_install_brings_an_earlier_revision_of_the_kit_up_to_date(
         applied = psql("SELECT version FROM schema_migrations ORDER BY version", database=name).split()
 
         upgraded = run(stack, install, app, env).splitlines()
-        third = [path.name for path in (app / "db/migrate").glob("*_queued_and_failed_handled_operations.rb")]
-        assert len(third) == 1 and third[0][:14] > applied[-1], (third, applied)
+        written = [next((app / "db/migrate").glob(f"*_{migration}")).name for migration in later]
+        assert applied[-1] < written[0][:14] < written[1][:14], (written, applied)
         assert upgraded[:-1] == [
             "updated app/sidekiq/order_confirmation/send_confirmation_job.rb",
-            f"wrote db/migrate/{third[0]}",
+            *(f"wrote db/migrate/{migration}" for migration in written),
             "removed app/sidekiq/order_confirmation/soak.rb: the soak runs from the kit's folder",
             "kept app/sidekiq/order_confirmation/effect.rb, the app's own: compare it with the kit's"
             " lib/order_confirmation/effect.rb",
@@ -176,7 +179,7 @@ def test_install_brings_an_earlier_revision_of_the_kit_up_to_date(
         run(stack, migrate, app, env)
         assert psql("SELECT version FROM schema_migrations ORDER BY version", database=name).split() == [
             *applied,
-            third[0][:14],
+            *(migration[:14] for migration in written),
         ]
         assert run(stack, problem, app, env).strip() == "nil"
         files = sorted(str(path) for path in app.rglob("*") if path.is_file() and "tmp" not in path.parts)

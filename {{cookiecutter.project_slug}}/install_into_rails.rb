@@ -10,10 +10,11 @@
 #   app/sidekiq/{{ c.project_slug }}.rb and app/sidekiq/{{ c.project_slug }}/:
 #     the job, the sweeper, the claims, the effect
 #   lib/tasks/{{ c.project_slug }}.rake: the tasks {{ c.project_slug }}:enqueue, :sweep, :status,
-#     :held:list, :held:resolve
+#     :held:list, :held:resolve, :held:resolutions
 #   db/migrate/<now>_create_{{ c.record_table }}.rb,
-#     <now + 1 s>_index_claimed_{{ c.record_table }}.rb and
-#     <now + 2 s>_queued_and_failed_{{ c.record_table }}.rb:
+#     <now + 1 s>_index_claimed_{{ c.record_table }}.rb,
+#     <now + 2 s>_queued_and_failed_{{ c.record_table }}.rb and
+#     <now + 3 s>_resolutions_{{ c.record_table }}.rb:
 #     the kit's migrations in their order, each as Migration[the app's version]
 #
 # The kit then uses the app's ActiveRecord connection and Rails' autoloader. Run again (after `copier update`

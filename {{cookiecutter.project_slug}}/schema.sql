@@ -46,6 +46,26 @@ CREATE INDEX {{ t }}_claimed ON {{ t }} (claimed_at) WHERE status = 'claimed';
 -- The sweeper's other question: which operations were sent but never claimed (a message the broker lost)? Partial
 -- as well: only queued rows are in it.
 CREATE INDEX {{ t }}_queued ON {{ t }} (claimed_at) WHERE status = 'queued';
+
+-- Every resolution by a person (the commands' resolve): the record keeps who resolved it last, this table every
+-- time, and retention, which deletes completed records, leaves it alone.
+CREATE TABLE {{ t }}_resolutions (
+    job_type            VARCHAR(100) NOT NULL,
+    operation_key       VARCHAR({{ max_key_length }}) NOT NULL,
+    -- the database's clock
+    resolved_at         TIMESTAMP WITH TIME ZONE NOT NULL,
+    -- the name the person gave (--by)
+    resolved_by         VARCHAR(255) NOT NULL,
+    -- who the system knew them as: the OS user and host of a command
+    resolved_as         VARCHAR(255) NOT NULL,
+    -- the role the database itself saw (PostgreSQL's current_user; NULL on SQLite, which has none)
+    database_role       VARCHAR(255),
+    -- held or failed before; completed (done) or queued (one more attempt) after
+    status_before       VARCHAR(16)  NOT NULL,
+    status_after        VARCHAR(16)  NOT NULL,
+    why                 TEXT         NOT NULL
+);
+CREATE INDEX {{ t }}_resolutions_operation ON {{ t }}_resolutions (job_type, operation_key, resolved_at);
 {%- if kind.one_transaction %}
 
 -- The effect itself: a row written in the claim's own transaction. No unique key on purpose: the replay

@@ -84,6 +84,25 @@ RSpec.describe "{{ c.job_type }} operations" do
       expect(record(key)).to eq("completed")
     end
 
+    it "keeps every resolution: the name given, who the machine and the database knew, the states, why" do
+      jid, log = logged(SUITE_LOG) do
+        kit::HeldOperations.resolve(key, done: false, by: "bob", why: "the provider never got it")
+      end
+      queue.finish(jid) # performed before the next example begins
+      postgresql = ActiveRecord::Base.connection.adapter_name == "PostgreSQL"
+      role = postgresql ? ActiveRecord::Base.connection.select_value("SELECT current_user") : "-"
+      me = kit::HeldOperations.os_identity
+      expect(log).to include("{{ c.job_type }} #{key}: resolved by bob as #{me} " \
+                             "(database role #{role}): held -> queued: the provider never got it")
+
+      listing = StringIO.new
+      kit::HeldOperations.resolutions(key, listing)
+      *rows, count = listing.string.lines(chomp: true)
+      expect(rows.map { |row| row.split("\t").values_at(0, 2..) })
+        .to eq([[key, "bob", me, role, "held -> queued", "the provider never got it"]])
+      expect(count).to eq("1 resolutions")
+    end
+
     it "refuses to resolve a key that is not held, or without who and why" do
       expect { kit::HeldOperations.resolve("NOT-HELD", done: true, by: "alice", why: "x") }
         .to raise_error(ArgumentError, /not held/)

@@ -10,7 +10,10 @@ end
 # The suite's tables come from the migration in db/migrate; schema.sql is the same tables in plain SQL. This
 # builds schema.sql beside them (another SQLite file, or another PostgreSQL schema) and compares the two.
 RSpec.describe "the migration and schema.sql" do
-  tables = %w[{{ c.record_table }}{{ (" " ~ c.job_type ~ "_effects") if kind.one_transaction else "" }}]
+  tables = %w[{{ c.record_table }} {{ c.record_table }}_resolutions]
+{%- if kind.one_transaction %}
+  tables << "{{ c.job_type }}_effects"
+{%- endif %}
 
   let(:probe) { SchemaSqlProbe }
   let(:postgresql) { ActiveRecord::Base.connection.adapter_name == "PostgreSQL" }
@@ -98,11 +101,11 @@ RSpec.describe "the migration and schema.sql" do
     SQL
   end
 
-  # An app that applied the first revision gets the second and the third on its next migrate; and they roll back.
+  # An app that applied the first revision gets the later ones on its next migrate; and they roll back.
   # Left out inside a host app (REPLAY_HOST_APP), whose own db:migrate made the tables; so is the next.
   it "replaces the first revision's index of every row with the partial index of claimed rows, and back",
      unless: HOST_APP do
-    first, second, third = migration_context.migrations.map(&:version).sort
+    first, second, *later = migration_context.migrations.map(&:version).sort
     insert("KEPT", "completed")
 
     migration_context.down(first)
@@ -112,7 +115,7 @@ RSpec.describe "the migration and schema.sql" do
     migration_context.up(second)
     expect(index_names("{{ c.record_table }}")).to include("{{ c.record_table }}_claimed")
     expect(index_names("{{ c.record_table }}")).not_to include("{{ c.record_table }}_by_status")
-    migration_context.up(third)
+    migration_context.up(later.last)
     records = ActiveRecord::Base.connection.select_value("SELECT COUNT(*) FROM {{ c.record_table }}")
     expect(records.to_i).to eq(1)
   end
@@ -120,7 +123,7 @@ RSpec.describe "the migration and schema.sql" do
   # The third revision admits queued and failed records and indexes the queued ones; rolled back, the CHECK of the
   # second refuses them again (and the worker's start refuses such a database: DatabaseCheck).
   it "admits queued and failed records from the third revision on, and back", unless: HOST_APP do
-    second, third = migration_context.migrations.map(&:version).sort.last(2)
+    _, second, third, fourth = migration_context.migrations.map(&:version).sort
     insert("KEPT", "completed")
 
     migration_context.down(second)
@@ -134,6 +137,22 @@ RSpec.describe "the migration and schema.sql" do
     insert("FAILED", "failed")
     records = ActiveRecord::Base.connection.select_value("SELECT COUNT(*) FROM {{ c.record_table }}")
     expect(records.to_i).to eq(3)
+    expect({{ c.project_slug.split("_")|map("capitalize")|join }}::DatabaseCheck.problem).to match(/not migrated to revision 4 .*run `/)
+    migration_context.up(fourth)
     expect({{ c.project_slug.split("_")|map("capitalize")|join }}::DatabaseCheck.problem).to be_nil
+  end
+
+  # The fourth revision keeps every resolution; rolled back, its table goes and the records stay.
+  it "keeps resolutions from the fourth revision on, and back", unless: HOST_APP do
+    third, fourth = migration_context.migrations.map(&:version).sort.last(2)
+    insert("KEPT", "completed")
+
+    migration_context.down(third)
+    expect(ActiveRecord::Base.connection.table_exists?("{{ c.record_table }}_resolutions")).to be(false)
+    expect({{ c.project_slug.split("_")|map("capitalize")|join }}::DatabaseCheck.problem).to match(/not migrated to revision 4 .*run `/)
+    migration_context.up(fourth)
+    expect(ActiveRecord::Base.connection.table_exists?("{{ c.record_table }}_resolutions")).to be(true)
+    records = ActiveRecord::Base.connection.select_value("SELECT COUNT(*) FROM {{ c.record_table }}")
+    expect(records.to_i).to eq(1)
   end
 end

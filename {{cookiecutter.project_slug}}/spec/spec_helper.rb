@@ -135,6 +135,7 @@ RSpec.configure do |config|
   # Every example starts with no records, no effects and nothing queued.
   config.before do
     ActiveRecord::Base.connection.execute("DELETE FROM {{ c.record_table }}")
+    ActiveRecord::Base.connection.execute("DELETE FROM {{ c.record_table }}_resolutions")
     EFFECTS.clear
     LIVE ? Sidekiq.redis { |conn| conn.call("FLUSHDB") } : Sidekiq::Job.clear_all
   end

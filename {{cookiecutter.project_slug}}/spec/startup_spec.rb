@@ -8,7 +8,7 @@ require "timeout"
 require "uri"
 
 # A worker refuses to start on a database it cannot use, with one line saying what to do: the record table
-# missing, not migrated to its third revision, or a login that fails. Live, a real `sidekiq` process (its
+# missing, not migrated to its latest revision, or a login that fails. Live, a real `sidekiq` process (its
 # startup needs Redis); embedded, the same check that Sidekiq's startup runs, in a Ruby process of its own.
 # Left out inside a host app (REPLAY_HOST_APP): the app's worker boots the app, and its database is the app's.
 RSpec.describe "a worker of {{ c.job_type }} on a database it cannot use", unless: HOST_APP do
@@ -35,14 +35,19 @@ RSpec.describe "a worker of {{ c.job_type }} on a database it cannot use", unles
     raise "the worker started on #{url}"
   end
 
-  # A SQLite file with schema.sql as it was at the second revision (no queued or failed; no index of queued rows).
-  def second_revision
+  # A SQLite file with schema.sql as it was at the second revision (no queued or failed; no index of queued rows;
+  # no resolutions) or at the third (no resolutions).
+  def at_revision(revision)
     # here, not at the top: an app's bundle (REPLAY_HOST_APP, where these examples are left out) may have no sqlite3
     require "sqlite3"
-    path = File.join(WORK_DIR, "revision-2.sqlite3")
+    path = File.join(WORK_DIR, "revision-#{revision}.sqlite3")
     sql = File.read(File.join(kit_dir, "schema.sql")).gsub(/--.*$/, "").split(";").map(&:strip).reject(&:empty?)
+    sql = sql.reject { |statement| statement.include?("_resolutions") }
     SQLite3::Database.new(path) do |db|
-      sql.reject { |statement| statement.include?("_queued") }.each do |statement|
+      sql.each do |statement|
+        next db.execute(statement) if revision == 3
+        next if statement.include?("_queued")
+
         db.execute(statement.sub("'queued', ", "").sub("'failed', ", ""))
       end
     end
@@ -59,11 +64,21 @@ RSpec.describe "a worker of {{ c.job_type }} on a database it cannot use", unles
   end
 
   it "refuses a database at the second revision, whose CHECK has no place for queued records" do
-    code, err = start_worker(second_revision)
+    code, err = start_worker(at_revision(2))
 
     expect(code).not_to eq(0)
     expect(err.lines.size).to eq(1)
     expect(err).to start_with("replay-matrix: {{ c.record_table }} is not migrated to revision 3")
+  end
+
+  it "refuses a database at the third revision, which keeps no resolutions" do
+    code, err = start_worker(at_revision(3))
+
+    expect(code).not_to eq(0)
+    expect(err.lines).to eq(["replay-matrix: {{ c.record_table }} is not migrated to revision 4 " \
+                             "(no {{ c.record_table }}_resolutions); run " \
+                             "`bundle exec rake {{ c.project_slug }}:migrate`, " \
+                             "then start the worker again\n"])
   end
 
   # A worker that started on a good database may lose it: Sidekiq retries the message, and the job says at ERROR,

@@ -29,7 +29,7 @@ from sinks import Effects
 from sqlalchemy import Engine, text
 
 from {{ cookiecutter.project_slug }} import settings
-from {{ cookiecutter.project_slug }}.claims import default_store, fingerprint
+from {{ cookiecutter.project_slug }}.claims import RESOLUTIONS_TABLE, default_store, fingerprint
 
 # the queue's driver, and the reports written after every run (replay_reports.py)
 pytest_plugins = ["{{ q }}_driver", "replay_reports"]
@@ -77,6 +77,7 @@ UNUSABLE_DATABASES = [
     pytest.param(
         "0002", f"the table {TABLE} is not at revision 0003 (no queued or failed records)", id="revision 0002"
     ),
+    pytest.param("0003", f"the table {TABLE} is not at revision 0004 (no {RESOLUTIONS_TABLE})", id="revision 0003"),
 ]
 
 
@@ -101,8 +102,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
         if conn.execute(text(f"SELECT count(*) FROM {TABLE}")).scalar_one():
             pytest.exit(f"{TABLE} holds rows: DATABASE_URL must point at an empty test database", returncode=2)
     yield engine
-    with engine.begin() as conn:
-        conn.execute(text(f"DELETE FROM {TABLE} WHERE job_type = :job_type"), {"job_type": settings.JOB_TYPE})
+    Records(engine).clear()
     engine.dispose()
 
 
@@ -174,9 +174,17 @@ class Records:
         """Moves the claim back past the lease (lease + 1 s), as if the lease had run out."""
         assert default_store().age(key, settings.LEASE_SECONDS + 1), f"no record of {key!r} to age"
 
+    def database_role(self) -> str | None:
+        """The role the database sees the kit's connections as (None on SQLite, which has no roles)."""
+        if self.engine.dialect.name != "postgresql":
+            return None
+        with self.engine.connect() as conn:
+            return str(conn.execute(text("SELECT current_user")).scalar_one())
+
     def clear(self) -> None:
         with self.engine.begin() as conn:
-            conn.execute(text(f"DELETE FROM {TABLE} WHERE job_type = :job_type"), {"job_type": settings.JOB_TYPE})
+            for table in (TABLE, RESOLUTIONS_TABLE):
+                conn.execute(text(f"DELETE FROM {table} WHERE job_type = :job_type"), {"job_type": settings.JOB_TYPE})
 
 
 @pytest.fixture(scope="session")

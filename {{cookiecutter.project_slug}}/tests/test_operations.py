@@ -4,6 +4,7 @@ same under every policy (what the policy does, by the sweeper and in the try-out
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shlex
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 from conftest import KIT_PYTHONPATH, KIT_ROOT, TABLE, Records, database_at
@@ -21,8 +23,17 @@ from sqlalchemy.orm import Session
 from test_replay import DETAILS, KEY, OTHER_KEY
 
 from {{ cookiecutter.project_slug }} import operations, producer, settings
-from {{ cookiecutter.project_slug }}.claims import BadMessage, PayloadConflict, default_store, fingerprint
-from {{ cookiecutter.project_slug }}.operations import main
+from {{ cookiecutter.project_slug }}.claims import (
+    RESOLUTIONS_TABLE,
+    BadMessage,
+    PayloadConflict,
+    default_store,
+    fingerprint,
+)
+from {{ cookiecutter.project_slug }}.operations import main, os_identity
+
+# the kit's tables, as the migrations and schema.sql make them
+KIT_TABLES = [TABLE, RESOLUTIONS_TABLE]
 
 
 def test_retain_refuses_an_age_within_the_longest_redelivery(capsys: pytest.CaptureFixture[str]) -> None:
@@ -68,9 +79,15 @@ def test_retain_deletes_completed_records_older_than_the_age_and_nothing_else(
 
 
 def test_a_person_lists_and_resolves_held_operations(
-    driver: Driver, effects: Effects, records: Records, capsys: pytest.CaptureFixture[str]
+    driver: Driver,
+    effects: Effects,
+    records: Records,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     store = default_store()
+    # the embedded worker sets the root logger's level to ERROR
+    caplog.set_level(logging.WARNING, logger=operations.__name__)
     for key in (KEY, OTHER_KEY):
         assert store.settle_stale(key, records.stale_claim(key, DETAILS), "held", "held for the test")
     assert main(["held"]) == 0
@@ -97,6 +114,31 @@ def test_a_person_lists_and_resolves_held_operations(
     assert f"{OTHER_KEY}: released for one more attempt by Ann Example; sent again" in capsys.readouterr().out
     until("the worker performed it", lambda: (records.status(OTHER_KEY), effects.count(OTHER_KEY)) == ("completed", 1))
     assert records.row(OTHER_KEY)["attempt"] == 2
+
+    # each resolution kept: the name given, who the machine and the database knew, the states, why; one log line each
+    role = records.database_role() or "-"
+    audit = [message.split(": resolved by ", 1)[1] for message in caplog.messages if ": resolved by " in message]
+    assert audit == [
+        f"Ann Example as {os_identity()} (database role {role}): held -> completed: the customer has the email",
+        f"Ann Example as {os_identity()} (database role {role}): held -> queued: never sent",
+    ], caplog.messages
+    who = ("Ann Example", os_identity(), records.database_role())
+    assert store.resolutions() == [
+        (KEY, ANY, *who, "held", "completed", "the customer has the email"),
+        (OTHER_KEY, ANY, *who, "held", "queued", "never sent"),
+    ]
+    assert main(["resolutions"]) == 0
+    header, *rows, count = capsys.readouterr().out.splitlines()
+    assert re.split(r"\s{2,}", header) == ["key", "resolved at", "by", "as", "database role", "status", "why"]
+    assert count == "2 resolutions"
+    # each key as `resolve` takes it in a shell, then when (UTC), ... and why
+    assert rows[0].startswith(f"{shlex.quote(KEY)} ") and rows[0].endswith("  the customer has the email"), rows
+    assert rows[1].startswith(f"{shlex.quote(OTHER_KEY)} ") and rows[1].endswith("  never sent"), rows
+    between = rf" UTC +Ann Example +{re.escape(os_identity())} +{re.escape(role)} +held -> "
+    assert all(re.search(between, row) for row in rows), rows
+    # of one key: the second resolve, refused, left none
+    assert main(["resolutions", KEY]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "1 resolutions"
 
 
 {% if cookiecutter.effect_kind != "same_database" -%}
@@ -303,42 +345,50 @@ def schema_sql_statements() -> list[str]:
     return [statement.strip() for statement in without_comments.split(";") if statement.strip()]
 
 
-def describe_postgresql(conn: Connection, schema: str) -> dict[str, list[tuple[Any, ...]]]:
-    """The record table only: the database may hold an application's tables and Alembic histories beside it."""
+def describe_postgresql(conn: Connection, schema: str) -> dict[str, dict[str, list[tuple[Any, ...]]]]:
+    """The kit's tables only: the database may hold an application's tables and Alembic histories beside them."""
 
-    def rows(sql: str) -> list[tuple[Any, ...]]:
-        return sorted(tuple(row) for row in conn.execute(text(sql), {"schema": schema, "table": TABLE}))
+    def rows(sql: str, table: str) -> list[tuple[Any, ...]]:
+        return sorted(tuple(row) for row in conn.execute(text(sql), {"schema": schema, "table": table}))
 
     return {
-        "columns": rows(
-            """SELECT table_name, column_name, data_type, character_maximum_length, is_nullable, column_default
-               FROM information_schema.columns WHERE table_schema = :schema AND table_name = :table"""
-        ),
-        "constraints": rows(
-            """SELECT conrelid::regclass::text, conname, pg_get_constraintdef(c.oid)
-               FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace
-               WHERE n.nspname = :schema AND c.conrelid = (quote_ident(:schema) || '.' || :table)::regclass"""
-        ),
-        "indexes": rows(
-            """SELECT tablename, indexname, replace(indexdef, :schema || '.', '')
-               FROM pg_indexes WHERE schemaname = :schema AND tablename = :table"""
-        ),
+        table: {
+            "columns": rows(
+                """SELECT table_name, column_name, data_type, character_maximum_length, is_nullable, column_default
+                   FROM information_schema.columns WHERE table_schema = :schema AND table_name = :table""",
+                table,
+            ),
+            "constraints": rows(
+                """SELECT conrelid::regclass::text, conname, pg_get_constraintdef(c.oid)
+                   FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace
+                   WHERE n.nspname = :schema AND c.conrelid = (quote_ident(:schema) || '.' || :table)::regclass""",
+                table,
+            ),
+            "indexes": rows(
+                """SELECT tablename, indexname, replace(indexdef, :schema || '.', '')
+                   FROM pg_indexes WHERE schemaname = :schema AND tablename = :table""",
+                table,
+            ),
+        }
+        for table in KIT_TABLES
     }
 
 
-def describe_sqlite(conn: Connection) -> dict[str, list[tuple[Any, ...]]]:
-    """The record table only, as describe_postgresql."""
-    table = TABLE
-    indexes = []
-    for index in conn.execute(text(f"PRAGMA index_list({table})")):
-        columns = [row.name for row in conn.execute(text(f"PRAGMA index_info({index.name})"))]
-        # a partial index's WHERE is in its SQL only (a constraint's index has none)
-        sql = conn.execute(text("SELECT sql FROM sqlite_master WHERE name = :name"), {"name": index.name}).scalar()
-        indexes.append((index.name, index.unique, tuple(columns), " ".join((sql or "").split())))
-    return {
-        "columns": [tuple(row) for row in conn.execute(text(f"PRAGMA table_info({table})"))],
-        "indexes": sorted(indexes),
-    }
+def describe_sqlite(conn: Connection) -> dict[str, dict[str, list[tuple[Any, ...]]]]:
+    """The kit's tables only, as describe_postgresql."""
+    described = {}
+    for table in KIT_TABLES:
+        indexes = []
+        for index in conn.execute(text(f"PRAGMA index_list({table})")):
+            columns = [row.name for row in conn.execute(text(f"PRAGMA index_info({index.name})"))]
+            # a partial index's WHERE is in its SQL only (a constraint's index has none)
+            sql = conn.execute(text("SELECT sql FROM sqlite_master WHERE name = :name"), {"name": index.name}).scalar()
+            indexes.append((index.name, index.unique, tuple(columns), " ".join((sql or "").split())))
+        described[table] = {
+            "columns": [tuple(row) for row in conn.execute(text(f"PRAGMA table_info({table})"))],
+            "indexes": sorted(indexes),
+        }
+    return described
 
 
 def test_the_migration_matches_schema_sql(engine: Engine) -> None:

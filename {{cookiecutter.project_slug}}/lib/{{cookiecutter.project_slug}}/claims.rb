@@ -132,9 +132,26 @@ module {{ mod }}
       # A person's decision on a held or failed operation: done (completed), or released for one more attempt
       # (queued again, with a new token and its attempt kept; the caller sends it). nil when the key is neither
       # held nor failed; else the stored details (nil where the record has none).
-      def resolve(key, done:, by:, why:)
-        row = all(:resolve, key, done ? "completed" : "queued", done ? 1 : 0, by, why).first
-        row && { "details" => row["payload"] && JSON.parse(row["payload"]) }
+      # `by` is the name the person gave, `resolved_as` who the system knows them as (the OS user of the task);
+      # the database adds its own role. The record and its audit row change together, through ActiveRecord: the
+      # details, the status before and after, and the database's role come back.
+      def resolve(key, done:, by:, why:, resolved_as:)
+        after = done ? "completed" : "queued"
+        {{ mod }}.connection_pool.with_connection do |connection|
+          texts = statements(connection.pool.db_config.adapter)
+          connection.transaction(requires_new: true) do
+            audited = through(connection, texts.fetch(:audit), [key, after, by, why, resolved_as], true).first
+            next unless audited
+
+            row = through(connection, texts.fetch(:resolve), [key, after, done ? 1 : 0, by, why], true).first
+            audited.merge("status_after" => after, "details" => row["payload"] && JSON.parse(row["payload"]))
+          end
+        end
+      end
+
+      # Every resolution by a person, of `key` or of every key (nil), oldest first, as Hashes.
+      def resolutions(key = nil)
+        all(:resolutions, key, own: false)
       end
 
       # Per state that has records: a Hash of count, oldest (its age in seconds) and overdue (how many sit past
@@ -444,22 +461,28 @@ module {{ mod }}
     # The kit's SQL, per database. Parameters are the values of each call; the job type, the table and the
     # lease are written in, once.
     class Statements
-      # SQL that reads the database's clock, per adapter; "%<column>s older than %<seconds>s seconds"; and
-      # that draws a claim token (PostgreSQL 13 or later has gen_random_uuid).
+      # SQL that reads the database's clock, per adapter; "%<column>s older than %<seconds>s seconds"; that
+      # draws a claim token (PostgreSQL 13 or later has gen_random_uuid); a moment as a person reads it (UTC); the
+      # role the database sees (the audit's, which no caller can give); what locks the rows a SELECT reads.
       DIALECTS = {
         "postgresql" => {
           token: "CAST(gen_random_uuid() AS text)",
           now: "clock_timestamp()",
           older: "%<column>s < clock_timestamp() - make_interval(secs => %<seconds>s)",
           age: "EXTRACT(EPOCH FROM clock_timestamp() - %<column>s)",
-          shown: "CAST(date_trunc('second', claimed_at AT TIME ZONE 'UTC') AS text)"
+          shown: "CAST(date_trunc('second', %<column>s AT TIME ZONE 'UTC') AS text)",
+          role: "current_user",
+          lock: " FOR UPDATE"
         },
         "sqlite3" => {
           token: "lower(hex(randomblob(16)))",
           now: "julianday('now')",
           older: "%<column>s < julianday('now') - %<seconds>s / 86400.0",
           age: "(julianday('now') - %<column>s) * 86400.0",
-          shown: "datetime(claimed_at)"
+          shown: "datetime(%<column>s)",
+          # SQLite has no roles; a write transaction locks the whole database
+          role: "NULL",
+          lock: ""
         }
       }.freeze
 
@@ -480,7 +503,7 @@ module {{ mod }}
       end
 
       def to_h
-        sql = by_key.merge(sending).merge(sweeping).merge(retention)
+        sql = by_key.merge(sending).merge(sweeping).merge(retention).merge(audit)
         return sql if @adapter == "postgresql"
 
         # SQLite numbers its parameters ?1, ?2...; it cannot put an INSERT in a WITH, so a duplicate reads after it.
@@ -503,6 +526,10 @@ module {{ mod }}
 
       def guard(status)
         format(GUARD, status)
+      end
+
+      def shown(column)
+        format(@dialect[:shown], column: column)
       end
 
       def key
@@ -615,8 +642,9 @@ module {{ mod }}
             ORDER BY claimed_at LIMIT $1
           SQL
           held: <<~SQL,
-            SELECT operation_key AS key, status, attempt, #{@dialect[:shown]} AS claimed_at, note FROM #{@table}
-            WHERE job_type = '#{@job_type}' AND status IN ('held', 'failed') ORDER BY status DESC, claimed_at
+            SELECT operation_key AS key, status, attempt, #{shown('claimed_at')} AS claimed_at, note FROM #{@table}
+            WHERE job_type = '#{@job_type}' AND status IN ('held', 'failed')
+            ORDER BY status DESC, #{@table}.claimed_at
           SQL
           status: status
         }
@@ -632,6 +660,30 @@ module {{ mod }}
                             OR (status IN ('claimed', 'released') AND #{stale}) THEN 1 ELSE 0 END) AS overdue
           FROM #{@table} WHERE job_type = '#{@job_type}' GROUP BY status
         SQL
+      end
+
+      # A person's resolve, in one transaction (Claims#resolve): the audit row, copied from the record while it
+      # waits for a person (and locking it: a second person's resolve then finds it resolved), then the record's
+      # change. And every resolution, of one key ($1) or of all ($1 NULL), oldest first.
+      def audit
+        resolutions = "#{@table}_resolutions"
+        {
+          audit: <<~SQL,
+            INSERT INTO #{resolutions}
+              (job_type, operation_key, resolved_at, resolved_by, resolved_as, database_role, status_before,
+               status_after, why)
+            SELECT job_type, operation_key, #{now}, $3, $5, #{@dialect[:role]}, status, $2, $4 FROM #{@table}
+            WHERE #{key} AND (#{guard('held')} OR #{guard('failed')})#{@dialect[:lock]}
+            RETURNING status_before, database_role
+          SQL
+          resolutions: <<~SQL
+            SELECT operation_key AS key, #{shown('resolved_at')} AS resolved_at, resolved_by, resolved_as,
+                   database_role, status_before, status_after, why
+            FROM #{resolutions}
+            WHERE job_type = '#{@job_type}' AND (operation_key = $1 OR $1 IS NULL)
+            ORDER BY #{resolutions}.resolved_at
+          SQL
+        }
       end
 
       # A batch of retention: the last of the next $2 keys after $1, then the old completed records up to it.

@@ -7,10 +7,13 @@ require "securerandom"
 
 module {{ mod }}
   # Whether a worker can use its database: connect, log in, and find `{{ t }}`
-  # at its third revision (the one that admits queued and failed records). A worker that started without it
-  # would take messages and fail each one in turn, where one line at the start says what to do.
+  # at its latest revision (the third admits queued and failed records, the fourth keeps every resolution). A
+  # worker that started without it would take messages and fail each one in turn, where one line at the start
+  # says what to do.
   module DatabaseCheck
     CREATE = "create it, or set DATABASE_URL to the right one"
+    # every resolution by a person (revision 4)
+    RESOLUTIONS = "{{ t }}_resolutions"
     LOG_IN = "check DATABASE_URL and its credentials"
 
     module_function
@@ -25,9 +28,11 @@ module {{ mod }}
     def problem
       {{ mod }}.with_connection do |connection|
         next "#{RECORD_TABLE} does not exist in the database; #{migrate}" unless connection.table_exists?(RECORD_TABLE)
-        next if third_revision?(connection)
+        next "#{RECORD_TABLE} is not migrated to revision 3 (no queued or failed records); #{migrate}" unless
+          third_revision?(connection)
+        next if connection.table_exists?(RESOLUTIONS)
 
-        "#{RECORD_TABLE} is not migrated to revision 3 (no queued or failed records); #{migrate}"
+        "#{RECORD_TABLE} is not migrated to revision 4 (no #{RESOLUTIONS}); #{migrate}"
       end
     rescue ActiveRecord::NoDatabaseError => e
       "the database does not exist (#{first_line(e)}): #{CREATE}"

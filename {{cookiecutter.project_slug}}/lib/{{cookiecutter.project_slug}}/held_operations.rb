@@ -11,6 +11,9 @@
 {%- endfor -%}
 # frozen_string_literal: true
 
+require "etc"
+require "socket"
+
 module {{ mod }}
   # A person's task: list the operations of `{{ c.job_type }}` that wait for a person (held, and
   # failed past Sidekiq's retries), and resolve one, recording who and why
@@ -43,24 +46,47 @@ module {{ mod }}
 
     # done: the person checked that the effect happened (completed). Otherwise the operation is queued again,
     # with a new token and its attempt kept, and its job pushed at once for one more attempt: the jid is returned.
+    # Each resolution is kept in {{ c.record_table }}_resolutions and logged in one line:
+    # the name given, who the machine knew (`by` is free text), the database's role, the states before and after,
+    # and why.
     def resolve({{ key }}, done:, by:, why:)
       raise ArgumentError, "say who resolves it (BY) and why (WHY)" if by.to_s.strip.empty? || why.to_s.strip.empty?
 
+      resolved_as = os_identity
       resolved = {{ mod }}.claims.resolve(
-        {{ key }}, done: done, by: by, why: why
+        {{ key }}, done: done, by: by, why: why, resolved_as: resolved_as
       )
       unless resolved
         raise ArgumentError,
               "{{ c.job_type }} #{ {{- key -}} } is not held or failed"
       end
 
-      outcome = done ? "done" : "released for one more attempt"
       Sidekiq.logger.warn(
-        "{{ c.job_type }} #{ {{- key -}} }: resolved by #{by}, #{outcome}: #{why}"
+        "{{ c.job_type }} #{ {{- key -}} }: resolved by #{by} as #{resolved_as} " \
+        "(database role #{resolved['database_role'] || '-'}): " \
+        "#{resolved['status_before']} -> #{resolved['status_after']}: #{why}"
       )
       return if done
 
       {{ job }}.send_again({{ key }}, resolved["details"])
+    end
+
+    # Every resolution by a person, of one key or of all (nil), oldest first: a line each, then the count.
+    def resolutions({{ key }} = nil, out = $stdout)
+      found = {{ mod }}.claims.resolutions({{ key }})
+      found.each do |row|
+        out.puts([row["key"], "#{row['resolved_at']} UTC", row["resolved_by"], row["resolved_as"],
+                  row["database_role"] || "-", "#{row['status_before']} -> #{row['status_after']}",
+                  row["why"]].join("\t"))
+      end
+      out.puts("#{found.size} resolutions")
+      found
+    end
+
+    # Who runs this, as the machine knows them: the OS user at the host.
+    def os_identity
+      user = Etc.getpwuid(Process.uid)&.name || "uid #{Process.uid}"
+      "#{user}@#{Socket.gethostname}"
     end
 
     # Prints a line per state (count, age of the oldest) and a verdict; true when nothing waits for a person

@@ -84,5 +84,10 @@ namespace :{{ c.project_slug }} do
     rescue ArgumentError => e
       abort e.message
     end
+
+    desc "Every resolution of {{ c.job_type }} by a person, oldest first: of KEY=<key>, or of every key"
+    task resolutions: :environment do
+      {{ mod }}::HeldOperations.resolutions(ENV.fetch("KEY", nil))
+    end
   end
 end

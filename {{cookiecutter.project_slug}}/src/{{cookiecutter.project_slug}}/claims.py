@@ -38,6 +38,8 @@ from . import settings
 
 JOB_TYPE = settings.JOB_TYPE
 TABLE = settings.RECORD_TABLE
+# every resolution by a person (revision 0004)
+RESOLUTIONS_TABLE = f"{TABLE}_resolutions"
 LEASE = settings.LEASE_SECONDS
 # how long a SQLite connection waits for another's write (and for another process's switch to WAL)
 SQLITE_BUSY_SECONDS = 10
@@ -140,6 +142,7 @@ class Clock:
     stale: str
     # seconds of the lease left; negative once the claim is stale
     seconds_left: str
+    # a moment as a person reads it, in UTC: the SQL of a {column}
     shown: str
     # claimed_at moved back by :seconds, as if they had passed (the try-out and the suite let a lease run out)
     moved_back: str
@@ -149,6 +152,10 @@ class Clock:
     seconds_ago: str
     # seconds since the oldest moment of a group of rows: its completion, else its claim (or send, while queued)
     oldest_age: str
+    # the role the database sees the statement run as: the audit's, which no caller can give
+    role: str
+    # what locks the rows a SELECT reads until the transaction ends
+    for_update: str
 
 
 CLOCKS = {
@@ -157,22 +164,27 @@ CLOCKS = {
         now="clock_timestamp()",
         stale=f"claimed_at < clock_timestamp() - interval '{LEASE} seconds'",
         seconds_left=f"extract(epoch from claimed_at + interval '{LEASE} seconds' - clock_timestamp())",
-        shown="to_char(claimed_at at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC'",
+        shown="to_char({column} at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC'",
         moved_back="claimed_at - make_interval(secs => :seconds)",
         days_ago="clock_timestamp() - make_interval(days => :days)",
         seconds_ago="clock_timestamp() - make_interval(secs => :seconds)",
         oldest_age="extract(epoch from clock_timestamp() - min(coalesce(completed_at, claimed_at)))::float8",
+        role="current_user",
+        for_update=" FOR UPDATE",
     ),
     "sqlite": Clock(
         # julianday('now') is in days, with milliseconds
         now="julianday('now')",
         stale=f"claimed_at < julianday('now') - {LEASE} / 86400.0",
         seconds_left=f"(claimed_at - julianday('now')) * 86400.0 + {LEASE}",
-        shown="datetime(claimed_at) || ' UTC'",
+        shown="datetime({column}) || ' UTC'",
         moved_back="claimed_at - :seconds / 86400.0",
         days_ago="julianday('now') - :days",
         seconds_ago="julianday('now') - :seconds / 86400.0",
         oldest_age="(julianday('now') - min(coalesce(completed_at, claimed_at))) * 86400.0",
+        role="NULL",
+        # a write transaction locks the whole database
+        for_update="",
     ),
 }
 
@@ -221,6 +233,18 @@ class HeldOperation:
     note: str | None
     # the message's details (JSON), what a person needs to check whether the effect happened
     payload: str
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """A person's decision on a held or failed operation, as the record and its audit keep it."""
+
+    status_before: str
+    status_after: str
+    # who the database saw deciding (PostgreSQL's current_user; None on SQLite)
+    database_role: str | None
+    # the message's details, for the one more attempt's message
+    details: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -487,9 +511,24 @@ class ClaimStore:
         )
         self._held_operations = statement(
             f"""
-            SELECT operation_key, status, attempt, {clock.shown} AS claimed_at, note, payload FROM {TABLE}
+            SELECT operation_key, status, attempt, {clock.shown.format(column="claimed_at")} AS claimed_at, note,
+                   payload
+            FROM {TABLE}
             WHERE job_type = :job_type AND status IN ('held', 'failed')
-            ORDER BY claimed_at
+            ORDER BY {TABLE}.claimed_at
+            """
+        )
+        # A person's resolve, in one transaction: the audit row, copied from the record while it waits for a person
+        # (and locking it: a second person's resolve then finds it resolved), then the record's change.
+        self._audit = statement(
+            f"""
+            INSERT INTO {RESOLUTIONS_TABLE}
+                (job_type, operation_key, resolved_at, resolved_by, resolved_as, database_role,
+                 status_before, status_after, why)
+            SELECT job_type, operation_key, {clock.now}, :by, :resolved_as, {clock.role}, status, :status, :why
+            FROM {TABLE}
+            WHERE job_type = :job_type AND operation_key = :key AND {FOR_A_PERSON}{clock.for_update}
+            RETURNING status_before, database_role
             """
         )
         self._resolve = statement(
@@ -502,6 +541,15 @@ class ClaimStore:
                 note = COALESCE(note || ' | ', '') || :why
             WHERE job_type = :job_type AND operation_key = :key AND {FOR_A_PERSON}
             RETURNING payload
+            """
+        )
+        self._resolutions = statement(
+            f"""
+            SELECT operation_key, {clock.shown.format(column="resolved_at")} AS resolved_at, resolved_by,
+                   resolved_as, database_role, status_before, status_after, why
+            FROM {RESOLUTIONS_TABLE}
+            WHERE job_type = :job_type AND (operation_key = :key OR :key IS NULL)
+            ORDER BY {RESOLUTIONS_TABLE}.resolved_at
             """
         )
         # Retention walks the unique index in slices of :batch keys: each slice is a short statement of its own,
@@ -724,28 +772,35 @@ class ClaimStore:
 
     def schema_problem(self) -> str | None:
         """What keeps the kit from using DATABASE_URL, as one line saying what to do: the record table missing or
-        not at revision 0003, a failed login. None when it can be used, or when the database cannot be reached now
-        (that passes: the queue retries)."""
+        not at the latest revision (0004), a failed login. None when it can be used, or when the database cannot be
+        reached now (that passes: the queue retries)."""
         try:
             with self.engine.connect() as conn:
                 if self.engine.dialect.name == "postgresql":
-                    check = conn.execute(
+                    check, resolutions = conn.execute(
                         text(
-                            "SELECT coalesce(pg_get_constraintdef(c.oid), '') FROM (SELECT to_regclass(:table) AS t) r"
+                            "SELECT coalesce(pg_get_constraintdef(c.oid), ''), to_regclass(:resolutions) IS NOT NULL"
+                            " FROM (SELECT to_regclass(:table) AS t) r"
                             " LEFT JOIN pg_constraint c ON c.conrelid = r.t AND c.conname = :name WHERE r.t IS NOT NULL"
                         ),
-                        {"table": TABLE, "name": f"{TABLE}_status"},
-                    ).scalar()
+                        {"table": TABLE, "name": f"{TABLE}_status", "resolutions": RESOLUTIONS_TABLE},
+                    ).one_or_none() or (None, False)
                 else:
-                    check = conn.execute(
-                        text("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = :table"), {"table": TABLE}
-                    ).scalar()
+                    tables = dict(
+                        conn.execute(
+                            text("SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name IN (:t, :r)"),
+                            {"t": TABLE, "r": RESOLUTIONS_TABLE},
+                        ).all()
+                    )
+                    check, resolutions = tables.get(TABLE), RESOLUTIONS_TABLE in tables
         except exc.DBAPIError as error:
             return person_needed(error)
         if check is None:
             return f"the table {TABLE} does not exist: {MIGRATE} first"
         if "queued" not in check:
             return f"the table {TABLE} is not at revision 0003 (no queued or failed records): {MIGRATE} first"
+        if not resolutions:
+            return f"the table {TABLE} is not at revision 0004 (no {RESOLUTIONS_TABLE}): {MIGRATE} first"
         return None
 
     def stale_claims(self, limit: int = 100) -> list[tuple[str, dict[str, Any]]]:
@@ -770,19 +825,26 @@ class ClaimStore:
             for key, status, attempt, claimed_at, note, payload in rows
         ]
 
-    def resolve(self, key: str, *, done: bool, by: str, why: str) -> dict[str, Any] | None:
+    def resolve(self, key: str, *, done: bool, by: str, why: str, resolved_as: str) -> Resolution | None:
         """A person's decision on a held or failed operation: done (completed), or one more attempt (queued again,
-        for the caller to send its message: the details it returns). None when no such operation waits."""
-        params = {
-            "job_type": JOB_TYPE,
-            "key": key,
-            "status": "completed" if done else "queued",
-            "done": 1 if done else 0,
-            "by": by,
-            "why": why,
-        }
-        row = self._run(self._resolve, params).fetchone()
-        return None if row is None else json.loads(row[0] or "{}")
+        for the caller to send its message with the details returned). `by` is the name the person gave,
+        `resolved_as` who the system knows them as (the OS user of a command, the app's user of a page); the
+        database adds its own role. The record and the audit row change together. None when no such operation
+        waits."""
+        status = "completed" if done else "queued"
+        params = {"job_type": JOB_TYPE, "key": key, "status": status, "done": 1 if done else 0, "by": by, "why": why}
+        with self.transaction():
+            audited = self._run(self._audit, {**params, "resolved_as": resolved_as}).fetchone()
+            if audited is None:
+                return None
+            (payload,) = self._run(self._resolve, params).fetchone()
+        before, role = audited
+        return Resolution(before, status, role, json.loads(payload or "{}"))
+
+    def resolutions(self, key: str | None = None) -> list[tuple[Any, ...]]:
+        """Every resolution of `key` (None: of every key), oldest first: key, when, by, as, database role, status
+        before and after, why."""
+        return [tuple(row) for row in self._run(self._resolutions, {"job_type": JOB_TYPE, "key": key}, read=True)]
 
     def retain(self, older_than_days: int, batch: int = 10_000) -> int:
         """Deletes the completed records completed more than `older_than_days` days ago (the database's clock), in

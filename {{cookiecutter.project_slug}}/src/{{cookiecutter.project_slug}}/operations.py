@@ -10,6 +10,7 @@
     python -m {{ slug }}.operations held
     python -m {{ slug }}.operations resolve KEY --done --by NAME --why TEXT
     python -m {{ slug }}.operations resolve KEY --release --by NAME --why TEXT
+    python -m {{ slug }}.operations resolutions [KEY]
     python -m {{ slug }}.operations retain --older-than-days N
 
 `pip install` makes the same command available as `{{ slug|replace("_", "-") }}-operations`.
@@ -17,19 +18,21 @@
 state's count and oldest age, and exits 1 when something waits for a person or is overdue: a monitor's probe.
 `held` lists what waits for a person: held (a stale claim under `hold`) and failed (past the queue's retries).
 `--done` records that the effect happened (the person checked); `--release` allows one more attempt: the record is
-queued again and its message sent. `retain` deletes completed records older than N days,
-N more than the longest time a message can still come back (redelivery_window), or refuses.
+queued again and its message sent. Each resolution is kept, with the name given, the OS user and host, the
+database's role, the states before and after and why, and logged in one line; `resolutions` lists them. `retain`
+deletes completed records older than N days, N more than the longest time a message can still come back
+(redelivery_window), or refuses.
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import logging
-{%- if celery %}
 import os
-{%- endif %}
 import shlex
+import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -46,6 +49,7 @@ from .claims import (
 )
 from .job import DATABASE_UNREACHABLE, sweep
 
+log = logging.getLogger(__name__)
 PROG = "{{ slug }}.operations"
 EXAMPLE_DETAILS = '{"email": "customer@example.com"}'
 EXAMPLE_KEY = {{ py(cookiecutter.example_key) }}
@@ -120,16 +124,34 @@ def held_table(store: ClaimStore) -> str:
     their count on the last line: "2 held" or "2 held, 1 failed". A key is written as `resolve` takes it in a
     shell: quoted when it holds a space or a character the shell would read."""
     held = store.held()
-    rows = [("key", "status", "attempt", "claimed at", "note", "payload")]
-    rows += [
+    rows = [
         (shlex.quote(op.operation_key), op.status, str(op.attempt), op.claimed_at, op.note or "", op.payload)
         for op in held
     ]
-    widths = [max(len(row[column]) for row in rows) for column in range(5)]
-    lines = ["  ".join([*(row[column].ljust(widths[column]) for column in range(5)), row[5]]) for row in rows]
     failed = sum(op.status == "failed" for op in held)
     count = f"{len(held) - failed} held" + (f", {failed} failed" if failed else "")
-    return "\n".join([*(lines if held else []), count])
+    header = ("key", "status", "attempt", "claimed at", "note", "payload")
+    return "\n".join([*(table(header, rows) if held else []), count])
+
+
+def resolutions_table(store: ClaimStore, key: str | None) -> str:
+    """Every resolution by a person (of one key, or of all), oldest first, and their count on the last line."""
+    rows = [
+        (shlex.quote(found_key), at, by, resolved_as, role or "-", f"{before} -> {after}", why)
+        for found_key, at, by, resolved_as, role, before, after, why in store.resolutions(key)
+    ]
+    header = ("key", "resolved at", "by", "as", "database role", "status", "why")
+    return "\n".join([*(table(header, rows) if rows else []), f"{len(rows)} resolutions"])
+
+
+def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """Lines of aligned columns; the last column, free text, as it is."""
+    everything = [header, *rows]
+    widths = [max(len(row[column]) for row in everything) for column in range(len(header) - 1)]
+    return [
+        "  ".join([*(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[-1]])
+        for row in everything
+    ]
 
 
 def status_report(store: ClaimStore) -> tuple[str, bool]:
@@ -169,6 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     decision.add_argument("--release", action="store_true", help="one more attempt: queued again and sent")
     resolve.add_argument("--by", required=True, help="who decides")
     resolve.add_argument("--why", required=True, help="why: recorded with the operation")
+    resolutions = commands.add_parser("resolutions", help="every resolution by a person, oldest first")
+    resolutions.add_argument("key", nargs="?", help="of this {{ cookiecutter.operation_key_name }} only")
     retain = commands.add_parser("retain", help="delete completed records older than the longest redelivery")
     retain.add_argument(
         "--older-than-days", type=int, required=True, help="their age: more than the longest redelivery window"
@@ -234,20 +258,45 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "held":
         print(held_table(store))
         return 0
+    if args.command == "resolutions":
+        print(resolutions_table(store, args.key))
+        return 0
     if not args.by.strip() or not args.why.strip():
         print(f"{PROG} resolve: --by and --why must not be empty: the record keeps who and why", file=sys.stderr)
         return 2
-    details = store.resolve(args.key, done=args.done, by=args.by, why=args.why)
-    if details is None:
+    resolved_as = os_identity()
+    resolution = store.resolve(args.key, done=args.done, by=args.by, why=args.why, resolved_as=resolved_as)
+    if resolution is None:
         print(f"{args.key}: no held or failed operation with this key; `held` lists them", file=sys.stderr)
         return 1
+    log.warning(
+        "%s %r: resolved by %s as %s (database role %s): %s -> %s: %s",
+        settings.JOB_TYPE,
+        args.key,
+        args.by,
+        resolved_as,
+        resolution.database_role or "-",
+        resolution.status_before,
+        resolution.status_after,
+        args.why,
+    )
     if args.done:
-        print(f"{args.key}: completed by {args.by}")
+        print(f"{args.key}: completed by {args.by} (was {resolution.status_before})")
         return 0
     # queued again: its message goes now (if sending fails, the sweeper sends it after the re-send time)
-    message = producer.publish(args.key, details)
+    message = producer.publish(args.key, resolution.details)
     print(f"{args.key}: released for one more attempt by {args.by}; sent again: message {message}")
     return 0
+
+
+def os_identity() -> str:
+    """Who runs this command, as the machine knows them: the OS user at the host (the name given with --by is
+    theirs to choose)."""
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no login name and no passwd entry (a container's bare uid)
+        user = f"uid {os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
 
 
 if __name__ == "__main__":

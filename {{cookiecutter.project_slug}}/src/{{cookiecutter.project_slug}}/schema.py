@@ -136,3 +136,29 @@ QUEUED_AND_FAILED_UNDO = {
         """,
     ],
 }
+
+
+# revision 0004: every resolution by a person, kept: the record says who resolved it last, this table every time
+# (retention deletes completed records, never these). The same SQL on PostgreSQL and SQLite.
+RESOLUTIONS = [
+    """
+    CREATE TABLE {{ t }}_resolutions (
+        job_type            VARCHAR(100) NOT NULL,
+        operation_key       VARCHAR({{ max_key_length }}) NOT NULL,
+        resolved_at         TIMESTAMP WITH TIME ZONE NOT NULL,
+        resolved_by         VARCHAR(255) NOT NULL,
+        resolved_as         VARCHAR(255) NOT NULL,
+        database_role       VARCHAR(255),
+        status_before       VARCHAR(16)  NOT NULL,
+        status_after        VARCHAR(16)  NOT NULL,
+        why                 TEXT         NOT NULL
+    )
+    """,
+    """
+    CREATE INDEX {{ t }}_resolutions_operation
+        ON {{ t }}_resolutions (job_type, operation_key, resolved_at)
+    """,
+]
+
+# what undoes RESOLUTIONS
+RESOLUTIONS_UNDO = ["DROP TABLE {{ t }}_resolutions"]
