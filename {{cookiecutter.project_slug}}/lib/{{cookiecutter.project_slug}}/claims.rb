@@ -130,11 +130,11 @@ module {{ mod }}
       end
 
       # A person's decision on a held or failed operation: done (completed), or released for one more attempt
-      # (queued again, with a new token and its attempt kept; the caller sends it). nil when the key is neither
-      # held nor failed; else the stored details (nil where the record has none).
-      # `by` is the name the person gave, `resolved_as` who the system knows them as (the OS user of the task);
-      # the database adds its own role. The record and its audit row change together, through ActiveRecord: the
-      # details, the status before and after, and the database's role come back.
+      # (queued again, with a new token and its attempt kept; the caller sends it). `by` is the name the person
+      # gave, `resolved_as` who the system knows them as (the OS user of the task); the database adds its own role.
+      # The record and its audit row change together, through ActiveRecord. nil when the key is neither held nor
+      # failed; else a Hash of status_before, status_after, database_role and details (the stored details, nil
+      # where the record has none).
       def resolve(key, done:, by:, why:, resolved_as:)
         after = done ? "completed" : "queued"
         {{ mod }}.connection_pool.with_connection do |connection|

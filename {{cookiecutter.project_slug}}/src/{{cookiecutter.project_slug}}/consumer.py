@@ -40,7 +40,7 @@ import boto3
 from botocore.exceptions import ClientError
 from sqlalchemy import text
 
-from . import settings
+from . import settings, telemetry
 from .claims import BadMessage, ClaimStore, default_store, person_needed
 from .job import DATABASE_UNREACHABLE, Perform, deliver, sweep
 
@@ -239,7 +239,8 @@ class Consumer:
         """The last receive failed: the record ends `failed` with the error, and the message goes to the dead-letter
         queue with it."""
         note = f"failed after {settings.max_receive_count()} receives: {error!r}"[:1000]
-        (self.store or default_store()).fail(str(key), details if isinstance(details, dict) else {}, note)
+        if (self.store or default_store()).fail(str(key), details if isinstance(details, dict) else {}, note):
+            telemetry.count("failed")
         log.error("%s %r: %s; the record is failed, for a person (operations held)", JOB_TYPE, key, note)
         self.dead_letter(message, error)
 

@@ -32,8 +32,9 @@ from sqlalchemy import Connection
 {% endif -%}
 from sqlalchemy.exc import InterfaceError, OperationalError, ProgrammingError
 
-from . import effect, settings
+from . import effect, settings, telemetry
 from .claims import (
+    BadMessage,
     ClaimRace,
     ClaimStore,
     PayloadConflict,
@@ -93,10 +94,13 @@ def handle(
 
     # BEGIN, then the claim or the record another run left (one statement), the effect, the completion, COMMIT
     with store.transaction() as conn:
-        found = store.claim_or_read(operation_key, payload_fingerprint, encoded)
+        with telemetry.span("claim", operation_key):
+            found = store.claim_or_read(operation_key, payload_fingerprint, encoded)
         if isinstance(found, str):
-            perform(conn, operation_key, payload)
-            store.complete(operation_key, found)
+            with telemetry.span("effect", operation_key):
+                perform(conn, operation_key, payload)
+            with telemetry.span("complete", operation_key):
+                store.complete(operation_key, found)
     if isinstance(found, str):
         log.info("%s %r: performed and completed in one transaction", JOB_TYPE, operation_key)
         return Outcome("performed", "claimed, performed and completed in one transaction")
@@ -104,7 +108,8 @@ def handle(
 {%- else %}
 
     # The claim commits on its own before the effect: from here on a death leaves a claim behind.
-    found = store.claim_or_read(operation_key, payload_fingerprint, encoded)
+    with telemetry.span("claim", operation_key):
+        found = store.claim_or_read(operation_key, payload_fingerprint, encoded)
     if isinstance(found, str):
         return _perform_and_complete(store, operation_key, payload, found, perform, "claimed")
     return _meet_record(store, operation_key, payload, payload_fingerprint, perform, found)
@@ -119,12 +124,18 @@ def deliver(
     connection. The store opens another, and a delivery is safe to repeat: a redelivery does no more. A database
     that is still unreachable raises again, for the queue's retry."""
     try:
-        return handle(key, details, store=store, perform=perform)
-    except DATABASE_UNREACHABLE as error:
-        if not error.connection_invalidated:
-            raise
-        log.warning("%s %r: the database connection was lost; once more, on a new one", JOB_TYPE, key)
-    return handle(key, details, store=store, perform=perform)
+        try:
+            outcome = handle(key, details, store=store, perform=perform)
+        except DATABASE_UNREACHABLE as error:
+            if not error.connection_invalidated:
+                raise
+            log.warning("%s %r: the database connection was lost; once more, on a new one", JOB_TYPE, key)
+            outcome = handle(key, details, store=store, perform=perform)
+    except BadMessage:
+        telemetry.count("refused")
+        raise
+    telemetry.count(outcome.action)
+    return outcome
 
 
 def _meet_record(
@@ -216,10 +227,13 @@ def _take_over_and_perform(
     note = None if record.status == "queued" else why
 {%- if one_transaction %}
     with store.transaction() as conn:
-        token = store.take_over(key, record.claim_token, note)
+        with telemetry.span("claim", key):
+            token = store.take_over(key, record.claim_token, note)
         if token is not None:
-            perform(conn, key, details)
-            store.complete(key, token)
+            with telemetry.span("effect", key):
+                perform(conn, key, details)
+            with telemetry.span("complete", key):
+                store.complete(key, token)
     if token is None:
         log.info("%s %r: another run took the claim over first; skipped", JOB_TYPE, key)
         return Outcome("skipped", "another run took the claim over")
@@ -241,13 +255,16 @@ def _perform_and_complete(
     store: ClaimStore, key: str, details: Mapping[str, Any], token: str, perform: Perform, why: str
 ) -> Outcome:
     try:
-        perform(key, details)
+        with telemetry.span("effect", key):
+            perform(key, details)
     except Exception as error:
         # An effect that raised is taken as not performed: free the claim for the queue's retry.
         store.release(key, token, f"effect failed: {error!r}")
         log.warning("%s %r: the effect failed (%r); claim released for a retry", JOB_TYPE, key, error)
         raise
-    if not store.complete(key, token):
+    with telemetry.span("complete", key):
+        completed = store.complete(key, token)
+    if not completed:
         # The run was slower than the lease and its claim was taken over or held meanwhile.
         log.error("%s %r: performed, but the claim was no longer this run's; left as it is", JOB_TYPE, key)
         return Outcome("performed", "performed after losing the claim")
@@ -281,6 +298,7 @@ def sweep(
         settled = store.settle_stale_batch(*AFTER_LEASE, limit=limit)
         for key in settled:
             log.warning("%s %r: sweeper: stale claim and no redelivery; %s", JOB_TYPE, key, AFTER_LEASE[1])
+            telemetry.count(AFTER_LEASE[0])
         counts["stale"] += len(settled)
         counts["settled"] += len(settled)
         if len(settled) < limit:
@@ -293,7 +311,9 @@ def sweep(
                 break
             counts["stale"] += 1
             log.warning("%s %r: sweeper: stale claim and no redelivery; applying `{{ p }}`", JOB_TYPE, key)
-            if apply_stale_claim_policy(store, key, details, record, effect.perform).action != "skipped":
+            action = apply_stale_claim_policy(store, key, details, record, effect.perform).action
+            telemetry.count(action)
+            if action != "skipped":
                 counts["settled"] += 1
         if len(batch) < limit:
             break  # that was the last of them
@@ -317,5 +337,6 @@ def resend_queued(store: ClaimStore, limit: int = settings.SWEEP_BATCH, publish:
     queued = store.resend_queued(after, limit)
     for key, details in queued:
         log.warning("%s %r: sweeper: queued %d s ago and not claimed; its message sent again", JOB_TYPE, key, after)
+        telemetry.count("resent")
         publish(key, details)
     return len(queued)

@@ -23,7 +23,7 @@ from celery import Celery, Task, shared_task
 from celery.exceptions import Retry
 from celery.signals import worker_init
 
-from . import settings
+from . import settings, telemetry
 from .claims import BadMessage, ClaimRace, default_store, person_needed
 from .job import DATABASE_UNREACHABLE, deliver, sweep
 
@@ -121,6 +121,7 @@ def give_up(key: object, details: object, error: Exception, why: str) -> None:
         log.exception("%s %r: %s; the record could not be marked failed", settings.JOB_TYPE, key, why)
         return
     if failed:
+        telemetry.count("failed")
         log.error("%s %r: %s; the record is failed, for a person (operations held)", settings.JOB_TYPE, key, note)
 
 
