@@ -41,6 +41,30 @@ RSpec.describe "{{ c.job_type }} operations" do
     expect(record(key)).to eq("completed")
   end
 
+  it "reports what became of each operation as an event, and times each claim" do
+    events = []
+    record = lambda do |name, _started, _finished, _id, payload|
+      events << [name, payload.slice(:job_type, :operation_key, :outcome)]
+    end
+    holding = kit::Claims.new(job_type: kit::JOB_TYPE, table: kit::RECORD_TABLE, lease_seconds: kit::LEASE_SECONDS,
+                              policy: "hold", logger: Sidekiq.logger)
+    ActiveSupport::Notifications.subscribed(record, /\.replay_matrix\z/) do
+      2.times { job.perform(key) }
+      stale = holding.claim("STALE-1", "fingerprint")
+      age_past_lease("STALE-1")
+      holding.apply_policy("STALE-1", stale.token)
+      allow(kit::Effect).to receive(:details_for).and_return({ "to" => "someone-else@example.com" })
+      job.perform(key)
+    end
+
+    ids = { job_type: kit::JOB_TYPE, operation_key: key }
+    # an event inside another (a skip is decided inside the claim) comes first, as it ends first
+    expect(events).to eq([["claim.replay_matrix", ids], ["operation.replay_matrix", ids.merge(outcome: "performed")],
+                          ["operation.replay_matrix", ids.merge(outcome: "skipped")], ["claim.replay_matrix", ids],
+                          ["operation.replay_matrix", ids.merge(operation_key: "STALE-1", outcome: "held")],
+                          ["claim.replay_matrix", ids], ["operation.replay_matrix", ids.merge(outcome: "refused")]])
+  end
+
   it "sweeps nothing while every claim is young" do
     kit.claims.claim(key, "fingerprint")
     expect(kit::StaleClaimSweeperJob.sweep).to eq(0)

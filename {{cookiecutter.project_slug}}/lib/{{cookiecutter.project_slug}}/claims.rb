@@ -104,7 +104,10 @@ module {{ mod }}
 {%- endif %}
       def fail(key, error)
         changed(:fail, key, "failed past Sidekiq's retries: #{error}").positive?.tap do |failed|
-          log(:error, key, "failed past Sidekiq's retries, waits for a person: #{error}") if failed
+          next unless failed
+
+          log(:error, key, "failed past Sidekiq's retries, waits for a person: #{error}")
+          notify(key, "failed")
         end
       end
 
@@ -115,6 +118,7 @@ module {{ mod }}
         all(:queued_due, limit, after).filter_map do |row|
           next unless changed(:resent, row["operation_key"], row["claim_token"], after).positive?
 
+          notify(row["operation_key"], "resent")
           [row["operation_key"], row["payload"] && JSON.parse(row["payload"])]
         end
       end
@@ -214,6 +218,14 @@ module {{ mod }}
     # Gives up this run's claim after its effect failed, so that the queue's retry may claim it again.
     def release(claim, why)
       changed(:release, claim.key, claim.token, why).positive?
+    end
+
+    # What became of an operation, as an ActiveSupport::Notifications event that an app wires to its metrics:
+    # "operation.replay_matrix", with job_type, operation_key and outcome (README.md, "Metrics").
+    def notify(key, outcome)
+      ActiveSupport::Notifications.instrument(
+        "operation.replay_matrix", job_type: job_type, operation_key: key, outcome: outcome
+      )
     end
 
     # Applies the stale-claim policy to the claim with `token`, if it is still that claim and still stale.
@@ -346,6 +358,7 @@ module {{ mod }}
 
     def skip(key, why)
       log(:info, key, "skipped: #{why}")
+      notify(key, "skipped")
       nil
     end
 
@@ -375,7 +388,10 @@ module {{ mod }}
     # Moves a stale claim to held or abandoned, if it is still that claim and still stale.
     def settle(key, seen_token, status, why)
       settled = changed(:settle, key, seen_token, status, why).positive?
-      settled ? log(:warn, key, why) : log(:info, key, "skipped: another run settled the stale claim first")
+      return skip(key, "another run settled the stale claim first") unless settled
+
+      log(:warn, key, why)
+      notify(key, status)
       nil
     end
 

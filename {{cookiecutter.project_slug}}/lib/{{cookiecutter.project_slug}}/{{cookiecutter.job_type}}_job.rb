@@ -124,6 +124,7 @@ module {{ mod }}
       return unless claim
 
       logger.info("{{ c.job_type }} #{claim.key}: performed and completed (attempt #{claim.attempt})")
+      claims.notify(claim.key, "performed")
     end
 
     # [key, details]: the message is the key, and its details when enqueue sent it; else Effect.details_for.
@@ -197,6 +198,7 @@ module {{ mod }}
     # tab); elsewhere (a console, Sidekiq::Testing) there is no Redis it came from.
     def refuse(args, error)
       logger.error("{{ c.job_type }} refused #{excerpt(args)}: #{error.message}")
+      claims.notify(args.first.is_a?(String) ? args.first : excerpt(args), "refused")
       return unless Sidekiq.server?
 
       entry = { "class" => self.class.name, "args" => buried(args), "jid" => jid, "retry" => false,
@@ -234,8 +236,11 @@ module {{ mod }}
       claims.details({{ key }}) || Effect.details_for({{ key }})
     end
 
+    # The claim's statement, timed for an app's metrics: the event "claim.replay_matrix" (its duration).
     def claim_operation({{ key }}, details)
-      claims.claim({{ key }}, fingerprint({{ key }}, details))
+      ActiveSupport::Notifications.instrument(
+        "claim.replay_matrix", job_type: claims.job_type, operation_key: {{ key }}
+      ) { claims.claim({{ key }}, fingerprint({{ key }}, details)) }
     end
 
     # True when this run performed the effect and completed the record.
@@ -246,6 +251,7 @@ module {{ mod }}
         logger.warn(
           "{{ c.job_type }} #{claim.key}: the provider has it already; completed without sending again"
         )
+        claims.notify(claim.key, "skipped")
         complete_operation(claim)
         return false # completed, not performed here
       end
