@@ -45,6 +45,7 @@ PYTHON = f"{VENV}/bin/python"
 PASSED = (
     "CI",
     "DATABASE_URL",
+    "PROJ_DATABASE_URL",  # the Django host's own name for its database (tests/django_host)
     "REDIS_URL",
     "CELERY_BROKER_URL",
     "REPLAY_ENTRY_POINT",

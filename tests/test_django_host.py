@@ -1,16 +1,20 @@
 """A Celery kit added to an existing Django project, for a covering set of the Celery combinations and brokers
 (every policy, effect kind and broker at least once: test_kits runs every combination on every broker alone).
 
-The project (tests/django_host) has its own Celery app (`proj/celery.py`: Django's settings with the CELERY_
-namespace, autodiscover_tasks()), its own app `customers` with a model and a migration, and PostgreSQL from
-DATABASE_URL. The kit is installed with the commands of its README's section "Add to a Django project", as
-written, in a virtual environment of its own; the section's settings are added to the project's settings;
-`manage.py migrate` creates the kit's table beside the project's (reversibly), and the kit's replay suite then
-runs inside the project (REPLAY_HOST_APP): real `celery worker` processes of the project's app, with crash
-points, SIGKILLed mid-run. For the default answers the section runs to the end: the project's worker refuses to
-start before the settings are in, then runs the operation the README sends. On each further Python
-(stacks.PYTHON_STACKS: sid's 3.14, where pip resolves Django 6), the walkthrough's cell runs too, every command
-inside that stack.
+The project (tests/django_host) is laid out as `django-admin startproject` and Celery's Django guide make one: its
+own Celery app (`proj/celery.py`: Django's settings with the CELERY_ namespace, autodiscover_tasks()), the admin,
+its own app `customers` with a model and a migration, and PostgreSQL from its own setting, PROJ_DATABASE_URL (the
+kit has no DATABASE_URL: it uses Django's connection). The kit is installed with the commands of its README's
+section "Add to a Django project", as written, in a virtual environment of its own; the section's settings are
+added to the project's settings; `manage.py migrate` creates the kit's tables beside the project's (reversibly),
+and the kit's replay suite then runs inside the project (REPLAY_HOST_APP): real `celery worker` processes of the
+project's app, with crash points, SIGKILLed mid-run. A same-database effect written through the ORM commits and
+rolls back with its claim. For the default answers the section runs to the end: the project's worker refuses to
+start before the settings are in and before the tables are, then runs the operation the README sends; two claims
+left behind are held by `manage.py <kit> sweep`, one resolved in the admin page in headless Chromium (a staff user
+without the permission sees no decision), the other released by `manage.py <kit> resolve` and performed by the
+project's worker. On each further Python (stacks.PYTHON_STACKS: sid's 3.14, where pip resolves Django 6), the
+walkthrough's cell runs too, every command inside that stack.
 """
 
 from __future__ import annotations
@@ -20,17 +24,25 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sysconfig
 import time
+from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import quote
+from urllib.request import urlopen
 
 import pytest
 import stacks
+from browser import chromium
 from generate import baked, readme_commands
 from matrix import DEFAULTS, combinations, combo_id, covering
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select
 from services import postgres_database, psql, rabbitmq_vhost, redis, redis_database, smtp_sink
 from test_kits import assert_report, run_name
+from test_report_browser import ARTIFACTS
 
 HOST = Path(__file__).parent / "django_host"
 SECTION = "Add to a Django project"
@@ -42,6 +54,18 @@ CELLS = covering(
 # the combination whose README section runs to the end, worker and operation included (the first cell, on Redis)
 WALKTHROUGH = {name: DEFAULTS[name] for name in CELERY[0]}
 TABLE = DEFAULTS["record_table"]
+# A same-database effect as a Django user writes it: the project's model, through the ORM.
+ORM_EFFECT = """
+from customers.models import Customer
+
+
+def perform(conn, key, details):
+    Customer.objects.create(name=key)
+    if details.get("fail"):
+        raise RuntimeError("the effect failed after writing its row")
+"""
+# the walkthrough's operations left for a person: one resolved in the admin page, one by the command
+HELD = ("ORD-HELD-1", "ORD-HELD-2")
 # Each cell on the first Python; the walkthrough's on every other.
 RUNS = [
     pytest.param(cell, stack, id=f"{combo_id(cell)}-{stack}")
@@ -89,7 +113,7 @@ def test_kit_inside_a_django_project(
     slug = kit.name
     project = tmp_path / "django_host"  # beside the kit, as the README has it
     shutil.copytree(HOST, project)
-    install, migrate, worker, send = readme_commands(kit, SECTION)
+    install, migrate, worker, send, status = readme_commands(kit, SECTION)
     walkthrough = combo == WALKTHROUGH
     bin_dir = virtualenv(tmp_path / "venv", stack)
     removed = ("DATABASE_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "REPLAY_HOST_APP", "PYTHONPATH")
@@ -97,7 +121,8 @@ def test_kit_inside_a_django_project(
     env |= {"PATH": f"{bin_dir}{os.pathsep}{env['PATH']}", "VIRTUAL_ENV": str(bin_dir.parent)}
     broker_service = redis_database() if on_redis else rabbitmq_vhost()
     with postgres_database(run_name(request)) as database, broker_service as broker, smtp_sink() as (smtp, mail):
-        env |= {"DATABASE_URL": database, "CELERY_BROKER_URL": broker, **smtp}
+        # the project's database by the project's own setting: the kit has no DATABASE_URL, it uses Django's
+        env |= {"PROJ_DATABASE_URL": database, "CELERY_BROKER_URL": broker, **smtp}
         name = database.rsplit("/", 1)[1]
 
         def on_stack(argv: list[str]) -> list[str]:
@@ -129,8 +154,20 @@ def test_kit_inside_a_django_project(
                 f"{slug}: refusing to start the worker: worker_prefetch_multiplier is 4; it must be 1"
             )
         settings.write_text(settings.read_text() + "".join(guarantee))
+        if walkthrough:
+            # the settings are in, the table not yet: the worker looks for it through Django's connection
+            refused = subprocess.run(
+                on_stack(shlex.split(worker)), cwd=project, env=env, capture_output=True, text=True, timeout=120
+            )
+            assert refused.returncode == 1, refused.stdout[-3000:] + refused.stderr[-3000:]
+            assert refused.stderr.splitlines()[-1] == (
+                f"{slug}: refusing to start the worker: the table {TABLE} does not exist: run the kit's migration"
+                " (alembic upgrade head; in a Django project, manage.py migrate) first"
+            ), refused.stderr[-3000:]
 
         run(migrate)
+        # the kit's models are Django's state as its migrations leave it: the project's makemigrations adds nothing
+        run("python manage.py makemigrations --check --dry-run")
         assert {TABLE, "customers_customer"} <= tables()
         applied = psql(f"SELECT name FROM django_migrations WHERE app = '{slug}'", database=name).split()
         migrations = [
@@ -138,6 +175,7 @@ def test_kit_inside_a_django_project(
             f"0002_index_claimed_{TABLE}",
             f"0003_queued_and_failed_{TABLE}",
             f"0004_resolutions_{TABLE}",
+            "0005_operation_model",
         ]
         assert sorted(applied) == migrations
         if walkthrough:
@@ -147,7 +185,10 @@ def test_kit_inside_a_django_project(
             assert TABLE in tables()
 
         # the seven cases, in the project's own Celery app and workers
-        suite_env = env | {
+        suite_env = {k: v for k, v in env.items() if k != "PROJ_DATABASE_URL"} | {
+            # the suite's own harness, and its workers through the project's settings, on DATABASE_URL (its proxy
+            # for the fault cases)
+            "DATABASE_URL": database,
             "REPLAY_HOST_APP": "proj.celery:app",
             "DJANGO_SETTINGS_MODULE": "proj.settings",
             "PYTHONPATH": str(project),
@@ -174,9 +215,23 @@ def test_kit_inside_a_django_project(
             redis_db = int(broker.rsplit("/", 1)[1])
             assert redis(redis_db, "KEYS", "celery-task-meta-*") == "", "the suite left results in Redis"
 
+        if combo["effect_kind"] == "same_database":
+            # The user's effect through the project's ORM, in the claim's transaction: when it raises after its row,
+            # neither the row nor the record stays; when it returns, both commit.
+            (kit / "src" / slug / "effect.py").write_text(ORM_EFFECT)
+            code = (
+                f"from {slug}.job import handle\n"
+                "try:\n    handle('ORD-ORM-1', {'fail': True})\nexcept RuntimeError:\n    pass\n"
+                "print(handle('ORD-ORM-2', {}).action)\n"
+            )
+            assert run(f"python manage.py shell -c {shlex.quote(code)}").split()[-1] == "performed"
+            assert psql("SELECT name FROM customers_customer", database=name).split() == ["ORD-ORM-2"]
+            records = f"SELECT operation_key, status FROM {TABLE} WHERE operation_key LIKE 'ORD-ORM-%'"
+            assert psql(records, database=name).split() == ["ORD-ORM-2|completed"]
+
         if walkthrough:
             key = DEFAULTS["example_key"]
-            status = f"SELECT status FROM {TABLE} WHERE operation_key = '{key}'"
+            state = f"SELECT status FROM {TABLE} WHERE operation_key = '{key}'"
             log = (tmp_path / "worker.log").open("wb")
             process = subprocess.Popen(
                 on_stack(shlex.split(worker)),
@@ -187,12 +242,15 @@ def test_kit_inside_a_django_project(
                 start_new_session=True,
             )
             try:
-                run(send)
+                # sent through the project's app, to the queue its worker consumes (not one named after the task)
+                assert "to the queue celery: message" in run(send)
                 deadline = time.monotonic() + 60
-                while (len(mail.received), psql(status, database=name).strip()) != (1, "completed"):
+                while (len(mail.received), psql(state, database=name).strip()) != (1, "completed"):
                     assert process.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
                     assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
                     time.sleep(0.2)
+                shown = run(status)  # exits 0: nothing waits for a person
+                assert "completed        1" in shown and shown.splitlines()[-1].startswith("ok:"), shown
                 # the producer in the project's transaction: rolled back, neither record nor message; committed, both
                 for key, end in (("ORD-ROLLED-BACK", "transaction.set_rollback(True)"), ("ORD-COMMITTED", "pass")):
                     code = (
@@ -208,6 +266,98 @@ def test_kit_inside_a_django_project(
                     time.sleep(0.2)
                 rolled_back = f"SELECT count(*) FROM {TABLE} WHERE operation_key = 'ORD-ROLLED-BACK'"
                 assert psql(rolled_back, database=name).strip() == "0"
+
+                # Two claims left past their lease (workers that died), held by the sweeper of `manage.py`
+                for key in HELD:
+                    run(f"python manage.py shell -c {shlex.quote(claim_left_behind(slug, key))}")
+                assert "stale claims: 2, settled: 2" in run(f"python manage.py {slug} sweep")
+                assert all(f"{key}  held" in run(f"python manage.py {slug} held") for key in HELD)
+                # one resolved in the admin page, by a person with the permission
+                resolve_in_the_admin(project, on_stack, env, slug, HELD[0], tmp_path)
+                audit = f"SELECT resolved_by, resolved_as, status_before, status_after, why FROM {TABLE}_resolutions"
+                assert psql(audit, database=name).strip() == "ivan|django:ivan|held|completed|checked the mail log"
+                # the other by the command, for one more attempt: sent through the project's app, to its worker
+                run(f"python manage.py {slug} resolve {HELD[1]} --release --by olga --why 'not received'")
+                again = f"SELECT status FROM {TABLE} WHERE operation_key = '{HELD[1]}'"
+                deadline = time.monotonic() + 60
+                while (len(mail.received), psql(again, database=name).strip()) != (3, "completed"):
+                    assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
+                    time.sleep(0.2)
+                assert "2 resolutions" in run(f"python manage.py {slug} resolutions")
             finally:
                 os.killpg(process.pid, signal.SIGTERM)
                 process.wait(timeout=60)
+
+
+def claim_left_behind(slug: str, key: str) -> str:
+    """Python for `manage.py shell`: a claim of `key` as a worker that died leaves it, past its lease."""
+    return (
+        f"from {slug} import settings\nfrom {slug}.claims import default_store, fingerprint\n"
+        f"details = {{'email': 'customer@example.com'}}\nstore = default_store()\n"
+        f"store.claim({key!r}, fingerprint({key!r}, details), details)\n"
+        f"store.age({key!r}, settings.LEASE_SECONDS + 1)\n"
+    )
+
+
+def resolve_in_the_admin(
+    project: Path, on_stack: Callable[[list[str]], list[str]], env: dict[str, str], slug: str, key: str, tmp_path: Path
+) -> None:
+    """The project's admin in headless Chromium: a staff user who may only view sees the held operation and no
+    decision; one with the kit's permission marks it done, with why. Screenshots go to build/artifacts/."""
+    users = (
+        "from django.contrib.auth.models import Permission, User\n"
+        "view, resolve = (Permission.objects.get(codename=name) for name in ('view_operation', 'resolve_operation'))\n"
+        "User.objects.create_user('olga', password='olga-pw-1', is_staff=True).user_permissions.add(view)\n"
+        "User.objects.create_user('ivan', password='ivan-pw-1', is_staff=True).user_permissions.add(view, resolve)\n"
+    )
+    subprocess.run(on_stack(["python", "manage.py", "shell", "-c", users]), cwd=project, env=env, check=True)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        on_stack(["python", "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload", "--insecure"]),
+        cwd=project,
+        env=env,
+        stdout=(tmp_path / "runserver.log").open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    page = f"/admin/{slug}/operation/?status__exact=held"
+    driver = chromium()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urlopen(f"{base}/admin/login/", timeout=5).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "runserver.log").read_text()
+                time.sleep(0.3)
+        driver.set_window_size(1400, 900)
+
+        def log_in(user: str, password: str) -> None:
+            driver.delete_all_cookies()
+            driver.get(f"{base}/admin/login/?next={quote(page)}")
+            driver.find_element(By.NAME, "username").send_keys(user)
+            driver.find_element(By.NAME, "password").send_keys(password)
+            driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+
+        log_in("olga", "olga-pw-1")
+        assert key in driver.find_element(By.ID, "result_list").text
+        assert not driver.find_elements(By.NAME, "action"), "a person without the permission is offered a decision"
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "django-admin-view-only.png"))
+
+        log_in("ivan", "ivan-pw-1")
+        driver.find_element(By.CSS_SELECTOR, f"input[name=_selected_action][value={key!r}]").click()
+        Select(driver.find_element(By.NAME, "action")).select_by_value("done")
+        driver.find_element(By.NAME, "why").send_keys("checked the mail log")
+        driver.save_screenshot(str(ARTIFACTS / "django-admin-held.png"))
+        driver.find_element(By.CSS_SELECTOR, "button[name=index]").click()
+        assert f"{key}: completed by ivan (was held)" in driver.find_element(By.CSS_SELECTOR, ".messagelist").text
+        driver.save_screenshot(str(ARTIFACTS / "django-admin-resolved.png"))
+    finally:
+        driver.quit()
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)

@@ -17,13 +17,13 @@ import io
 import json
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import matrix_report
 import pytest
+from browser import chromium
 from generate import baked
 from matrix import ROOT
 from pypdf import PdfReader
@@ -50,14 +50,8 @@ EFFECT_FILES = {"python": "src/order_confirmation/effect.py", "ruby": "lib/order
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[webdriver.Chrome]:
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-        options.add_argument(argument)
     # Every request the page makes is logged, so that the test can see that none left the file.
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
-    service = webdriver.ChromeService(executable_path=shutil.which("chromedriver") or "/usr/bin/chromedriver")
-    driver = webdriver.Chrome(options=options, service=service)
+    driver = chromium(**{"goog:loggingPrefs": {"performance": "ALL"}})
     # The network off: the page can reach nothing beyond the disk.
     driver.execute_cdp_cmd("Network.enable", {})
     driver.execute_cdp_cmd(

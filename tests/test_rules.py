@@ -240,6 +240,29 @@ def test_the_taken_names_cover_each_python(stack: str, tmp_path: Path) -> None:
     )
 
 
+# Django's own commands, of its core and of its contrib apps, as `manage.py help` lists them in a project with all
+DJANGO_COMMANDS = """
+import pkgutil
+from pathlib import Path
+import django
+root = Path(django.__file__).parent
+folders = [root / "core/management/commands", *root.glob("contrib/*/management/commands")]
+print(*sorted(module.name for module in pkgutil.iter_modules(map(str, folders)) if not module.name.startswith("_")))
+"""
+
+
+@pytest.mark.parametrize("stack", stacks.PYTHON_STACKS)
+def test_the_taken_names_cover_djangos_commands(stack: str, tmp_path: Path) -> None:
+    """project_slug names a Celery kit's command in a Django project: it may not be one of Django's (each Python's
+    Django, as pip resolved it there)."""
+    stacks.require(stack, "python")
+    argv = stacks.command(stack, [stacks.python(stack), "-c", DJANGO_COMMANDS], tmp_path, {})
+    commands = set(subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split())
+    assert "migrate" in commands
+    missing = commands - set(facts().django_commands.split())
+    assert not missing, f"add to django_commands in replay_matrix.jinja: {' '.join(sorted(missing))}"
+
+
 @pytest.mark.parametrize("effect_kind", list(facts().effect_kinds))
 def test_the_taken_names_cover_what_the_celery_task_keeps_beside_it(effect_kind: str, tmp_path: Path) -> None:
     """Every name at the top of a module that defines or imports the task (job_type) is one job_type may not take."""

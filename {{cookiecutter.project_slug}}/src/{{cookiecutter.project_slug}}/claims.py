@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -309,8 +309,10 @@ def _forget_the_parents_connections() -> None:
 os.register_at_fork(after_in_child=_forget_the_parents_connections)
 
 
-def connect(url: str | None = None) -> Engine:
-    engine = create_engine(url or settings.database_url())
+def connect(url: str | None = None, creator: Callable[[], Any] | None = None) -> Engine:
+    """An engine on `url` (DATABASE_URL), with the kit's settings for each new connection; `creator` makes the
+    connections when another owner knows how (a Django project's backend: django_app/store.py)."""
+    engine = create_engine(url or settings.database_url(), **({"creator": creator} if creator else {}))
     _ENGINES.add(engine)
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
@@ -865,7 +867,23 @@ class ClaimStore:
         return deleted
 
 
+def _store_on_database_url() -> ClaimStore:
+    return ClaimStore(connect())
+
+
+# What default_store makes: a store on DATABASE_URL, or in a Django project the kit's Django app's store, on
+# Django's own connection (django_app/apps.py says so through use_default_store).
+_make_default_store: Callable[[], ClaimStore] = _store_on_database_url
+
+
 @functools.cache
 def default_store() -> ClaimStore:
-    """The store for DATABASE_URL, made once per process."""
-    return ClaimStore(connect())
+    """The store of this process, made once: on DATABASE_URL, or on Django's connection (use_default_store)."""
+    return _make_default_store()
+
+
+def use_default_store(make: Callable[[], ClaimStore]) -> None:
+    """From now on default_store() is `make`'s store (the kit's Django app calls it when Django is ready)."""
+    global _make_default_store
+    _make_default_store = make
+    default_store.cache_clear()

@@ -175,8 +175,9 @@ def status_report(store: ClaimStore) -> tuple[str, bool]:
     return "\n".join(lines), bool(attention)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+def parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The commands and their options; `prog` is how they are run (`manage.py <the kit's package>` in Django)."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     send_command = commands.add_parser("send", help="send one operation through the queue")
     send_command.add_argument("key", help="the operation's {{ cookiecutter.operation_key_name }}")
@@ -198,7 +199,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--older-than-days", type=int, required=True, help="their age: more than the longest redelivery window"
     )
     retain.add_argument("--batch", type=int, default=10_000, help="records looked at per statement (default 10000)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    args = parser(prog).parse_args(argv)
+    args.prog = prog
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 {%- if celery %}
     if os.environ.get("DJANGO_SETTINGS_MODULE"):
@@ -215,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         problem = person_needed(error)
         if problem is None:
             raise
-        print(f"{PROG} {args.command}: {problem}", file=sys.stderr)
+        print(f"{args.prog} {args.command}: {problem}", file=sys.stderr)
         return 2
 
 
@@ -225,9 +231,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             key, details = parse_send(args.key, args.details)
         except BadInput as error:
-            print(f"{PROG} send: {error}; nothing sent", file=sys.stderr)
+            print(f"{args.prog} send: {error}; nothing sent", file=sys.stderr)
             return 2
-        print(f"sent {settings.JOB_TYPE} {key} to the queue {settings.queue_name()}: message {send(key, details)}")
+        print(f"sent {settings.JOB_TYPE} {key} to the queue {producer.queue()}: message {send(key, details)}")
         return 0
     if args.command == "retain":
         window, made_of = redelivery_window()
@@ -235,13 +241,13 @@ def run(args: argparse.Namespace) -> int:
         shortest = window // 86400 + 1
         if args.older_than_days < shortest:
             print(
-                f"{PROG} retain: --older-than-days {args.older_than_days} is not longer than the longest redelivery"
-                f" window, {made_of}: give {shortest} or more; nothing deleted",
+                f"{args.prog} retain: --older-than-days {args.older_than_days} is not longer than the longest"
+                f" redelivery window, {made_of}: give {shortest} or more; nothing deleted",
                 file=sys.stderr,
             )
             return 2
         if args.batch < 1:
-            print(f"{PROG} retain: --batch {args.batch} must be 1 or more; nothing deleted", file=sys.stderr)
+            print(f"{args.prog} retain: --batch {args.batch} must be 1 or more; nothing deleted", file=sys.stderr)
             return 2
         deleted = default_store().retain(args.older_than_days, args.batch)
         print(f"deleted {deleted} completed records of {settings.JOB_TYPE} older than {args.older_than_days} days")
@@ -262,31 +268,39 @@ def run(args: argparse.Namespace) -> int:
         print(resolutions_table(store, args.key))
         return 0
     if not args.by.strip() or not args.why.strip():
-        print(f"{PROG} resolve: --by and --why must not be empty: the record keeps who and why", file=sys.stderr)
+        print(f"{args.prog} resolve: --by and --why must not be empty: the record keeps who and why", file=sys.stderr)
         return 2
-    resolved_as = os_identity()
-    resolution = store.resolve(args.key, done=args.done, by=args.by, why=args.why, resolved_as=resolved_as)
-    if resolution is None:
+    said = resolve(store, args.key, done=args.done, by=args.by, why=args.why, resolved_as=os_identity())
+    if said is None:
         print(f"{args.key}: no held or failed operation with this key; `held` lists them", file=sys.stderr)
         return 1
+    print(said)
+    return 0
+
+
+def resolve(store: ClaimStore, key: str, *, done: bool, by: str, why: str, resolved_as: str) -> str | None:
+    """A person's decision on a held or failed operation (the command's, the Django admin's): recorded with its
+    audit row and logged in one line; released, its message is sent again. What happened, in one line; None when
+    no such operation waits for a person."""
+    resolution = store.resolve(key, done=done, by=by, why=why, resolved_as=resolved_as)
+    if resolution is None:
+        return None
     log.warning(
         "%s %r: resolved by %s as %s (database role %s): %s -> %s: %s",
         settings.JOB_TYPE,
-        args.key,
-        args.by,
+        key,
+        by,
         resolved_as,
         resolution.database_role or "-",
         resolution.status_before,
         resolution.status_after,
-        args.why,
+        why,
     )
-    if args.done:
-        print(f"{args.key}: completed by {args.by} (was {resolution.status_before})")
-        return 0
+    if done:
+        return f"{key}: completed by {by} (was {resolution.status_before})"
     # queued again: its message goes now (if sending fails, the sweeper sends it after the re-send time)
-    message = producer.publish(args.key, resolution.details)
-    print(f"{args.key}: released for one more attempt by {args.by}; sent again: message {message}")
-    return 0
+    message = producer.publish(key, resolution.details)
+    return f"{key}: released for one more attempt by {by}; sent again: message {message}"
 
 
 def os_identity() -> str:

@@ -58,6 +58,11 @@ def publish(key: str, details: Mapping[str, Any]) -> str:
     return str(message.id)
 
 
+def queue() -> str:
+    """The queue the operation's messages go to: where the app's routes (or its default queue) send the task."""
+    return str(celery_app().amqp.router.route({}, TASK_NAME)["queue"].name)
+
+
 def celery_app() -> Celery:
     """The Celery app of this process: the one it made (a Django project's, whose settings set it up; a host's
     worker), so that the message goes where that app's workers listen; else the kit's own (celery_app.py)."""
@@ -83,6 +88,11 @@ def _queue(region: str | None, endpoint: str | None, url: str | None, name: str)
 
     client = sqs_client()
     return client, url or str(client.get_queue_url(QueueName=name)["QueueUrl"])
+
+
+def queue() -> str:
+    """The queue the operation's messages go to."""
+    return settings.queue_url() or settings.queue_name()
 {%- endif %}
 
 

@@ -10,8 +10,8 @@
 
 The record is written through Django's own connection (`using`, the default one unless said), so it commits or
 rolls back with the project's data, and the message goes by `transaction.on_commit`. Outside an atomic block
-Django commits at once, and the message goes at once. The kit's own connection (DATABASE_URL) must reach the
-same database.
+Django commits at once, and the message goes at once. The kit's claims run on Django's connection too
+(store.py), so a worker finds the record where this wrote it.
 """
 
 from __future__ import annotations
