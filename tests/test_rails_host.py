@@ -14,15 +14,21 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
+from urllib.error import HTTPError
+from urllib.request import urlopen
 
 import pytest
 import stacks
+from browser import chromium
 from generate import baked, readme_commands
+from selenium.webdriver.common.by import By
 from services import postgres_database, psql, redis_database, smtp_sink
 from test_kits import assert_report, run_name
+from test_report_browser import ARTIFACTS
 
 HOST = Path(__file__).parent / "rails_host"
 COMBO = {"queue_system": "sidekiq", "effect_kind": "external_no_reference", "stale_claim_policy": "hold"}
@@ -127,6 +133,28 @@ def test_kit_inside_an_existing_rails_app(request: pytest.FixtureRequest, tmp_pa
         )
         assert run(stack, ["bin/rails", "runner", probe], app, env).split() == [name, "true", '["Ada"]']
 
+        # The kit's Sidekiq Web tab, added as the README says, behind the app's sign-in; the app says who may decide.
+        routes = app / "config/routes.rb"
+        add_tab = ruby_block(kit, "In a Rails app").strip()
+        assert add_tab.startswith("OrderConfirmation::Web.add_tab(resolver: ")
+        resolver = (
+            'OrderConfirmation::Web.add_tab(resolver: ->(env) { env["rack.session"]["user"].presence_in(%w[ivan]) })'
+        )
+        routes.write_text(
+            routes.read_text().replace(
+                "\nRails.application.routes.draw", f"\n{resolver}\n\nRails.application.routes.draw"
+            )
+        )
+        held = (
+            "INSERT INTO handled_operations (job_type, operation_key, payload_fingerprint, payload, status,"
+            " claim_token, attempt, claimed_at, note) VALUES ('send_confirmation', 'ORD-HELD-1', 'f', '{}', 'held',"
+            " 't', 1, now() - interval '1 day', 'claim older than the lease: held for a person')"
+        )
+        psql(held, database=name)
+        resolve_in_sidekiq_web(stack, app, env, tmp_path)
+        audit = "SELECT resolved_by, resolved_as, status_before, status_after, why FROM handled_operations_resolutions"
+        assert psql(audit, database=name).strip() == "ivan|sidekiq-web:ivan|held|completed|checked the mail log"
+
 
 @pytest.mark.live
 @pytest.mark.parametrize("stack", stacks.RUBY_STACKS)
@@ -224,3 +252,63 @@ def test_same_database_kit_inside_an_existing_rails_app(
             "keeps claims, completions and duplicates on the unique index inside the job's transaction" in result.stdout
         )
         assert_report(kit, combo, "live")
+
+
+def ruby_block(kit: Path, section: str) -> str:
+    """The ```ruby block of the kit README's section."""
+    text = (kit / "README.md").read_text().split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return text.split("```ruby\n", 1)[1].split("```", 1)[0]
+
+
+def resolve_in_sidekiq_web(stack: str, app: Path, env: dict[str, str], tmp_path: Path) -> None:
+    """The app's Sidekiq Web in headless Chromium: a signed-in user the app does not let decide sees the held
+    operation in the kit's tab and no decision; one it does marks it done, with why, through the tab's form (Sidekiq
+    Web's CSRF protection on). Screenshots go to build/artifacts/."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        stacks.command(stack, ["bin/rails", "server", "-b", "127.0.0.1", "-p", str(port)], app, env),
+        cwd=app,
+        env=env,
+        stdout=(tmp_path / "rails-server.log").open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    tab = "/sidekiq/order-confirmation-held"
+    driver = chromium()
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                urlopen(f"{base}/sidekiq", timeout=5).close()
+            except HTTPError:
+                break  # the server answers: Sidekiq Web is not for those not signed in
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, (
+                    tmp_path / "rails-server.log"
+                ).read_text()
+                time.sleep(0.3)
+        driver.set_window_size(1400, 900)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+
+        driver.get(f"{base}/sign_in?name=olga&to={tab}")
+        assert "ORD-HELD-1" in driver.find_element(By.ID, "held-operations").text, driver.page_source[-3000:]
+        assert not driver.find_elements(By.NAME, "why"), "a user the app does not let decide is offered a decision"
+        driver.save_screenshot(str(ARTIFACTS / f"sidekiq-web-view-only-{stack}.png"))
+
+        driver.delete_all_cookies()
+        driver.get(f"{base}/sign_in?name=ivan&to={tab}")
+        row = driver.find_element(By.XPATH, "//table[@id='held-operations']//tr[td[1]='ORD-HELD-1']")
+        row.find_element(By.NAME, "why").send_keys("checked the mail log")
+        driver.save_screenshot(str(ARTIFACTS / f"sidekiq-web-held-{stack}.png"))
+        row.find_element(By.CSS_SELECTOR, "button[value=done]").click()
+        said = driver.find_element(By.ID, "said").text
+        assert said == "ORD-HELD-1: marked done by ivan", driver.page_source[-3000:]
+        assert not driver.find_elements(By.XPATH, "//tr[td[1]='ORD-HELD-1']"), "still listed after it was resolved"
+        driver.save_screenshot(str(ARTIFACTS / f"sidekiq-web-resolved-{stack}.png"))
+    finally:
+        driver.quit()
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)

@@ -3,6 +3,7 @@
 require_relative "boot"
 require "rails"
 require "active_record/railtie"
+require "action_controller/railtie"
 require "sidekiq"
 
 module HostApp

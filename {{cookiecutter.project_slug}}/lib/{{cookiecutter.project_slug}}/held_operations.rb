@@ -49,10 +49,11 @@ module {{ mod }}
     # Each resolution is kept in {{ c.record_table }}_resolutions and logged in one line:
     # the name given, who the machine knew (`by` is free text), the database's role, the states before and after,
     # and why.
-    def resolve({{ key }}, done:, by:, why:)
+    # `resolved_as` is who the system knows the person as: the OS user of a rake task, the app's user of the
+    # Sidekiq Web tab (Web).
+    def resolve({{ key }}, done:, by:, why:, resolved_as: os_identity)
       raise ArgumentError, "say who resolves it (BY) and why (WHY)" if by.to_s.strip.empty? || why.to_s.strip.empty?
 
-      resolved_as = os_identity
       resolved = {{ mod }}.claims.resolve(
         {{ key }}, done: done, by: by, why: why, resolved_as: resolved_as
       )
