@@ -65,6 +65,14 @@ RSpec.describe "{{ c.job_type }} operations" do
                           ["claim.replay_matrix", ids], ["operation.replay_matrix", ids.merge(outcome: "refused")]])
   end
 
+  it "writes each line's key, attempt and outcome into Sidekiq's log context, which its formatters show as fields" do
+    _, log = logged(SUITE_LOG) { 2.times { job.perform(key) } }
+
+    fields = "operation_key=#{Regexp.escape(key)}"
+    expect(log).to match(/#{fields} attempt=1 outcome=performed\b.*: performed and completed \(attempt 1\)/)
+    expect(log).to match(/#{fields} outcome=skipped\b.*: skipped: already completed/)
+  end
+
   it "sweeps nothing while every claim is young" do
     kit.claims.claim(key, "fingerprint")
     expect(kit::StaleClaimSweeperJob.sweep).to eq(0)

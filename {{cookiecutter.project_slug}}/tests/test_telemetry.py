@@ -90,3 +90,27 @@ def test_the_sweepers_outcomes_are_counted(effects: Effects, records: Records) -
     records.age(OTHER_KEY)
     assert sweep(publish=lambda key, details: "not sent") == {"stale": 1, "settled": 1, "resent": 1}
     assert counted_since(before) == {SWEPT: 1, "resent": 1}
+
+
+def test_each_log_line_of_a_delivery_carries_its_key_attempt_and_outcome(
+    effects: Effects, records: Records, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a JSON formatter (or any handler reading LogRecord attributes) gets from the kit's lines."""
+    caplog.set_level("INFO")
+    deliver(KEY, DETAILS)
+    deliver(KEY, DETAILS)
+    records.stale_claim(OTHER_KEY, DETAILS)
+    sweep(publish=lambda key, details: "not sent")
+    lines = [
+        (record.operation_key, record.attempt, record.outcome, record.job_type)  # type: ignore[attr-defined]
+        for record in caplog.records
+        if hasattr(record, "outcome")
+    ]
+    assert lines[:2] == [(KEY, 1, "performed", settings.JOB_TYPE), (KEY, 1, "skipped", settings.JOB_TYPE)]
+    assert lines[2][0] == OTHER_KEY and lines[2][3] == settings.JOB_TYPE, lines
+    assert all(
+        f"{settings.JOB_TYPE} {key!r}: " in record.getMessage()
+        for record, (key, *_) in zip(
+            [record for record in caplog.records if hasattr(record, "outcome")], lines, strict=True
+        )
+    )

@@ -106,7 +106,7 @@ module {{ mod }}
         changed(:fail, key, "failed past Sidekiq's retries: #{error}").positive?.tap do |failed|
           next unless failed
 
-          log(:error, key, "failed past Sidekiq's retries, waits for a person: #{error}")
+          log(:error, key, "failed past Sidekiq's retries, waits for a person: #{error}", outcome: "failed")
           notify(key, "failed")
         end
       end
@@ -211,7 +211,10 @@ module {{ mod }}
     # Marks the claim completed; false when this run no longer holds it (taken over, held or resolved).
     def complete(claim)
       done = changed(:complete, claim.key, claim.token).positive?
-      log(:warn, claim.key, "not marked completed: this run no longer holds the claim") unless done
+      unless done
+        log(:warn, claim.key, "not marked completed: this run no longer holds the claim",
+            outcome: "performed", attempt: claim.attempt)
+      end
       done
     end
 
@@ -226,6 +229,14 @@ module {{ mod }}
       ActiveSupport::Notifications.instrument(
         "operation.replay_matrix", job_type: job_type, operation_key: key, outcome: outcome
       )
+    end
+
+    # One line, "<job type> <key>: <message>", that carries the key, the record's attempt (where the line knows it)
+    # and the outcome it reports as fields of Sidekiq's log context too: its formatters write them (key=value in
+    # the text, "ctx" in JSON).
+    def log(level, key, message, outcome:, attempt: nil)
+      fields = { operation_key: key, attempt: attempt, outcome: outcome }.compact
+      Sidekiq::Context.with(fields) { @logger.public_send(level, "#{job_type} #{key}: #{message}") }
     end
 
     # Applies the stale-claim policy to the claim with `token`, if it is still that claim and still stale.
@@ -352,12 +363,12 @@ module {{ mod }}
     end
 
     def conflict!(key, outcome)
-      log(:error, key, "conflict: the key is recorded with another payload; #{outcome}")
+      log(:error, key, "conflict: the key is recorded with another payload; #{outcome}", outcome: "refused")
       raise PayloadConflict, "#{job_type} #{key}: the key is already recorded with another payload"
     end
 
     def skip(key, why)
-      log(:info, key, "skipped: #{why}")
+      log(:info, key, "skipped: #{why}", outcome: "skipped")
       notify(key, "skipped")
       nil
     end
@@ -381,7 +392,7 @@ module {{ mod }}
       return skip(key, "another run took it over first") unless row
 
       attempt = row["attempt"].to_i
-      log(:warn, key, "taken over (attempt #{attempt}): #{why}")
+      log(:warn, key, "taken over (attempt #{attempt}): #{why}", outcome: "taking over", attempt: attempt)
       Claim.new(key: key, token: row["claim_token"], attempt: attempt, taken_over: true)
     end
 
@@ -390,13 +401,9 @@ module {{ mod }}
       settled = changed(:settle, key, seen_token, status, why).positive?
       return skip(key, "another run settled the stale claim first") unless settled
 
-      log(:warn, key, why)
+      log(:warn, key, why, outcome: status)
       notify(key, status)
       nil
-    end
-
-    def log(level, key, message)
-      @logger.public_send(level, "#{job_type} #{key}: #{message}")
     end
 
     def adapter

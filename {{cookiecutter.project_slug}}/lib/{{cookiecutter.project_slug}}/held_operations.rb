@@ -62,10 +62,11 @@ module {{ mod }}
               "{{ c.job_type }} #{ {{- key -}} } is not held or failed"
       end
 
-      Sidekiq.logger.warn(
-        "{{ c.job_type }} #{ {{- key -}} }: resolved by #{by} as #{resolved_as} " \
-        "(database role #{resolved['database_role'] || '-'}): " \
-        "#{resolved['status_before']} -> #{resolved['status_after']}: #{why}"
+      {{ mod }}.claims.log(
+        :warn, {{ key }},
+        "resolved by #{by} as #{resolved_as} (database role #{resolved['database_role'] || '-'}): " \
+        "#{resolved['status_before']} -> #{resolved['status_after']}: #{why}",
+        outcome: "resolved"
       )
       return if done
 

@@ -94,7 +94,7 @@ module {{ mod }}
       # Raised, so Sidekiq retries the message; one that will not pass by itself (a missing table, a failed login,
       # a permission) is logged at ERROR each time, with what a person must do (Sidekiq's own line is a WARN).
       needed = DatabaseCheck.person_needed(e)
-      logger.error("{{ c.job_type }} #{args.first}: #{needed}; Sidekiq retries the message") if needed
+      claims.log(:error, args.first, "#{needed}; Sidekiq retries the message", outcome: "retrying") if needed
       raise
     end
 
@@ -123,7 +123,8 @@ module {{ mod }}
 {%- endif %}
       return unless claim
 
-      logger.info("{{ c.job_type }} #{claim.key}: performed and completed (attempt #{claim.attempt})")
+      claims.log(:info, claim.key, "performed and completed (attempt #{claim.attempt})",
+                 outcome: "performed", attempt: claim.attempt)
       claims.notify(claim.key, "performed")
     end
 
@@ -248,9 +249,8 @@ module {{ mod }}
 {%- if c.stale_claim_policy == "lookup" %}
       # Taken over from a run that may have died after the effect: ask the provider before sending again.
       if claim.taken_over && Effect.performed?(claim.key)
-        logger.warn(
-          "{{ c.job_type }} #{claim.key}: the provider has it already; completed without sending again"
-        )
+        claims.log(:warn, claim.key, "the provider has it already; completed without sending again",
+                   outcome: "skipped", attempt: claim.attempt)
         claims.notify(claim.key, "skipped")
         complete_operation(claim)
         return false # completed, not performed here

@@ -44,7 +44,7 @@ from . import settings, telemetry
 from .claims import BadMessage, ClaimStore, default_store, person_needed
 from .job import DATABASE_UNREACHABLE, Perform, deliver, sweep
 
-log = logging.getLogger(__name__)
+log = telemetry.delivery_log(__name__)
 JOB_TYPE = settings.JOB_TYPE
 KEY_NAME = settings.OPERATION_KEY_NAME
 # While the database is unreachable, a consumer asks it again after 0.5, 1, 2 ... s, at most this far apart; the
@@ -241,7 +241,7 @@ class Consumer:
         note = f"failed after {settings.max_receive_count()} receives: {error!r}"[:1000]
         if (self.store or default_store()).fail(str(key), details if isinstance(details, dict) else {}, note):
             telemetry.count("failed")
-        log.error("%s %r: %s; the record is failed, for a person (operations held)", JOB_TYPE, key, note)
+        log.line(logging.ERROR, "failed", key, None, "%s; the record is failed, for a person (operations held)", note)
         self.dead_letter(message, error)
 
     def keep_invisible(self, receipt: str, seconds: int) -> None:

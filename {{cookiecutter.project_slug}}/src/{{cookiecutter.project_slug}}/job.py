@@ -46,7 +46,7 @@ from .claims import (
     validate_key,
 )
 
-log = logging.getLogger(__name__)
+log = telemetry.delivery_log(__name__)
 JOB_TYPE = settings.JOB_TYPE
 # The database unreachable (refused, cut, restarting), or unusable until a person acts (a missing table, a failed
 # login, a permission: claims.person_needed names it, and the queue's code logs it at ERROR): the queue retries for
@@ -102,7 +102,7 @@ def handle(
             with telemetry.span("complete", operation_key):
                 store.complete(operation_key, found)
     if isinstance(found, str):
-        log.info("%s %r: performed and completed in one transaction", JOB_TYPE, operation_key)
+        log.line(logging.INFO, "performed", operation_key, 1, "performed and completed in one transaction")
         return Outcome("performed", "claimed, performed and completed in one transaction")
     return _meet_record(store, operation_key, payload, payload_fingerprint, perform, found)
 {%- else %}
@@ -111,7 +111,7 @@ def handle(
     with telemetry.span("claim", operation_key):
         found = store.claim_or_read(operation_key, payload_fingerprint, encoded)
     if isinstance(found, str):
-        return _perform_and_complete(store, operation_key, payload, found, perform, "claimed")
+        return _perform_and_complete(store, operation_key, payload, found, 1, perform, "claimed")
     return _meet_record(store, operation_key, payload, payload_fingerprint, perform, found)
 {%- endif %}
 
@@ -129,7 +129,9 @@ def deliver(
         except DATABASE_UNREACHABLE as error:
             if not error.connection_invalidated:
                 raise
-            log.warning("%s %r: the database connection was lost; once more, on a new one", JOB_TYPE, key)
+            log.line(
+                logging.WARNING, "retrying", key, None, "the database connection was lost; once more, on a new one"
+            )
             outcome = handle(key, details, store=store, perform=perform)
     except BadMessage:
         telemetry.count("refused")
@@ -151,7 +153,9 @@ def _meet_record(
         # the other run's claim rolled back between our insert and our read
         raise ClaimRace(f"{JOB_TYPE} {key!r}: the record vanished; try again")
     if record.payload_fingerprint != payload_fingerprint:
-        log.error("%s %r: conflict: the key is known with another payload; refused", JOB_TYPE, key)
+        log.line(
+            logging.ERROR, "refused", key, record.attempt, "conflict: the key is known with another payload; refused"
+        )
         raise PayloadConflict(
             f"{settings.OPERATION_KEY_NAME} {key!r} is already known with a different payload"
             f" (status {record.status}); refused, nothing performed"
@@ -160,17 +164,19 @@ def _meet_record(
         # the record the producer wrote before sending: this run claims it as it would a new key
         return _take_over_and_perform(store, key, details, record, perform, "claimed")
     if record.status in ("completed", "held", "failed", "abandoned"):
-        log.info("%s %r: skipped, the record is %s", JOB_TYPE, key, record.status)
+        log.line(logging.INFO, "skipped", key, record.attempt, "skipped, the record is %s", record.status)
         return Outcome("skipped", f"record is {record.status}")
     if record.status == "released":
         # released by a person, or by a run whose effect failed: one more attempt
-        log.warning("%s %r: released; one more attempt", JOB_TYPE, key)
+        log.line(logging.WARNING, "taking over", key, record.attempt, "released; one more attempt")
         return _take_over_and_perform(store, key, details, record, perform, "released: one more attempt")
     if not record.stale:
-        log.info(
-            "%s %r: skipped, a younger claim (%.0f s of the lease left) belongs to another run; no takeover",
-            JOB_TYPE,
+        log.line(
+            logging.INFO,
+            "waiting",
             key,
+            record.attempt,
+            "skipped, a younger claim (%.0f s of the lease left) belongs to another run; no takeover",
             record.seconds_left,
         )
         return Outcome("waiting", "claim younger than the lease", retry_in=max(record.seconds_left, 0.0) + 1.0)
@@ -184,12 +190,12 @@ def apply_stale_claim_policy(
 {%- if p == "hold" %}
     # Nothing more is done until a person resolves it (operations.py resolve).
     if store.settle_stale(key, record.claim_token, *AFTER_LEASE):
-        log.warning("%s %r: claim older than the lease; held for a person", JOB_TYPE, key)
+        log.line(logging.WARNING, "held", key, record.attempt, "claim older than the lease; held for a person")
         return Outcome("held", "claim older than the lease")
 {%- elif p == "skip" %}
     # Given up for good: nothing is done twice, at the price of a rare miss.
     if store.settle_stale(key, record.claim_token, *AFTER_LEASE):
-        log.warning("%s %r: claim older than the lease; abandoned for good", JOB_TYPE, key)
+        log.line(logging.WARNING, "abandoned", key, record.attempt, "claim older than the lease; abandoned for good")
         return Outcome("abandoned", "claim older than the lease")
 {%- elif p == "resend" %}
     # Taken over and performed again: nothing is lost, at the price of a rare duplicate.
@@ -197,25 +203,32 @@ def apply_stale_claim_policy(
 {%- elif p == "lookup" %}
     # Taken over first, so that one run alone asks the provider and acts on its answer.
     token = store.take_over(key, record.claim_token, "{{ policy.stale_note }}")
+    attempt = record.attempt + 1
     if token is None:
-        log.info("%s %r: another run took the stale claim over first; skipped", JOB_TYPE, key)
+        log.line(logging.INFO, "skipped", key, record.attempt, "another run took the stale claim over first; skipped")
         return Outcome("skipped", "another run took the stale claim over")
     try:
         found = effect.already_performed(key)
     except Exception as error:
         # the provider could not answer: free the claim, so that the retry asks again
         store.release(key, token, f"lookup failed: {error!r}")
-        log.warning("%s %r: the lookup failed (%r); claim released for a retry", JOB_TYPE, key, error)
+        log.line(logging.WARNING, "released", key, attempt, "the lookup failed (%r); claim released for a retry", error)
         raise
     if found:
         store.complete(key, token)
-        log.warning("%s %r: stale claim taken over; the provider has it, completed without resending", JOB_TYPE, key)
+        log.line(
+            logging.WARNING,
+            "skipped",
+            key,
+            attempt,
+            "stale claim taken over; the provider has it, completed, not resent",
+        )
         return Outcome("skipped", "the provider has the reference")
-    log.warning("%s %r: stale claim taken over; the provider lacks it, performing", JOB_TYPE, key)
-    return _perform_and_complete(store, key, details, token, perform, "looked up: absent at the provider")
+    log.line(logging.WARNING, "taking over", key, attempt, "stale claim taken over; the provider lacks it, performing")
+    return _perform_and_complete(store, key, details, token, attempt, perform, "looked up: absent at the provider")
 {%- endif %}
 {%- if p in ("hold", "skip") %}
-    log.info("%s %r: another run settled the stale claim first; skipped", JOB_TYPE, key)
+    log.line(logging.INFO, "skipped", key, record.attempt, "another run settled the stale claim first; skipped")
     return Outcome("skipped", "another run settled the stale claim")
 {%- endif %}
 
@@ -235,24 +248,24 @@ def _take_over_and_perform(
             with telemetry.span("complete", key):
                 store.complete(key, token)
     if token is None:
-        log.info("%s %r: another run took the claim over first; skipped", JOB_TYPE, key)
+        log.line(logging.INFO, "skipped", key, record.attempt, "another run took the claim over first; skipped")
         return Outcome("skipped", "another run took the claim over")
-    log.warning("%s %r: taken over (%s); performed and completed", JOB_TYPE, key, why)
+    log.line(logging.WARNING, "performed", key, record.attempt + 1, "taken over (%s); performed and completed", why)
     return Outcome("performed", why)
 {%- else %}
     # compare-and-swap on the old token: of two late runs, one alone wins
     token = store.take_over(key, record.claim_token, note)
     if token is None:
-        log.info("%s %r: another run took the claim over first; skipped", JOB_TYPE, key)
+        log.line(logging.INFO, "skipped", key, record.attempt, "another run took the claim over first; skipped")
         return Outcome("skipped", "another run took the claim over")
-    log.warning("%s %r: taken over (%s); performing again", JOB_TYPE, key, why)
-    return _perform_and_complete(store, key, details, token, perform, why)
+    log.line(logging.WARNING, "taking over", key, record.attempt + 1, "taken over (%s); performing again", why)
+    return _perform_and_complete(store, key, details, token, record.attempt + 1, perform, why)
 {%- endif %}
 {%- if not one_transaction %}
 
 
 def _perform_and_complete(
-    store: ClaimStore, key: str, details: Mapping[str, Any], token: str, perform: Perform, why: str
+    store: ClaimStore, key: str, details: Mapping[str, Any], token: str, attempt: int, perform: Perform, why: str
 ) -> Outcome:
     try:
         with telemetry.span("effect", key):
@@ -260,15 +273,17 @@ def _perform_and_complete(
     except Exception as error:
         # An effect that raised is taken as not performed: free the claim for the queue's retry.
         store.release(key, token, f"effect failed: {error!r}")
-        log.warning("%s %r: the effect failed (%r); claim released for a retry", JOB_TYPE, key, error)
+        log.line(logging.WARNING, "released", key, attempt, "the effect failed (%r); claim released for a retry", error)
         raise
     with telemetry.span("complete", key):
         completed = store.complete(key, token)
     if not completed:
         # The run was slower than the lease and its claim was taken over or held meanwhile.
-        log.error("%s %r: performed, but the claim was no longer this run's; left as it is", JOB_TYPE, key)
+        log.line(
+            logging.ERROR, "performed", key, attempt, "performed, but the claim was no longer this run's; left as it is"
+        )
         return Outcome("performed", "performed after losing the claim")
-    log.info("%s %r: performed and completed (%s)", JOB_TYPE, key, why)
+    log.line(logging.INFO, "performed", key, attempt, "performed and completed (%s)", why)
     return Outcome("performed", why)
 {%- endif %}
 
@@ -297,7 +312,9 @@ def sweep(
         # `{{ p }}` performs nothing: one guarded statement settles a batch (claims.settle_stale_batch)
         settled = store.settle_stale_batch(*AFTER_LEASE, limit=limit)
         for key in settled:
-            log.warning("%s %r: sweeper: stale claim and no redelivery; %s", JOB_TYPE, key, AFTER_LEASE[1])
+            log.line(
+                logging.WARNING, AFTER_LEASE[0], key, None, "sweeper: stale claim and no redelivery; %s", AFTER_LEASE[1]
+            )
             telemetry.count(AFTER_LEASE[0])
         counts["stale"] += len(settled)
         counts["settled"] += len(settled)
@@ -310,7 +327,13 @@ def sweep(
             if time.monotonic() >= deadline:
                 break
             counts["stale"] += 1
-            log.warning("%s %r: sweeper: stale claim and no redelivery; applying `{{ p }}`", JOB_TYPE, key)
+            log.line(
+                logging.WARNING,
+                "taking over",
+                key,
+                record.attempt,
+                "sweeper: stale claim and no redelivery; applying `{{ p }}`",
+            )
             action = apply_stale_claim_policy(store, key, details, record, effect.perform).action
             telemetry.count(action)
             if action != "skipped":
@@ -336,7 +359,9 @@ def resend_queued(store: ClaimStore, limit: int = settings.SWEEP_BATCH, publish:
     # each record's clock is reset first: one the broker refuses now is sent again at the next window, not lost
     queued = store.resend_queued(after, limit)
     for key, details in queued:
-        log.warning("%s %r: sweeper: queued %d s ago and not claimed; its message sent again", JOB_TYPE, key, after)
+        log.line(
+            logging.WARNING, "resent", key, 0, "sweeper: queued %d s ago and not claimed; its message sent again", after
+        )
         telemetry.count("resent")
         publish(key, details)
     return len(queued)

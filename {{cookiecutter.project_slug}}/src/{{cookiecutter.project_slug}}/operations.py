@@ -37,7 +37,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import producer, settings
+from . import producer, settings, telemetry
 from .claims import (
     BadMessage,
     ClaimStore,
@@ -49,7 +49,7 @@ from .claims import (
 )
 from .job import DATABASE_UNREACHABLE, sweep
 
-log = logging.getLogger(__name__)
+log = telemetry.delivery_log(__name__)
 PROG = "{{ slug }}.operations"
 EXAMPLE_DETAILS = '{"email": "customer@example.com"}'
 EXAMPLE_KEY = {{ py(cookiecutter.example_key) }}
@@ -285,10 +285,12 @@ def resolve(store: ClaimStore, key: str, *, done: bool, by: str, why: str, resol
     resolution = store.resolve(key, done=done, by=by, why=why, resolved_as=resolved_as)
     if resolution is None:
         return None
-    log.warning(
-        "%s %r: resolved by %s as %s (database role %s): %s -> %s: %s",
-        settings.JOB_TYPE,
+    log.line(
+        logging.WARNING,
+        "resolved",
         key,
+        None,
+        "resolved by %s as %s (database role %s): %s -> %s: %s",
         by,
         resolved_as,
         resolution.database_role or "-",

@@ -27,7 +27,7 @@ from . import settings, telemetry
 from .claims import BadMessage, ClaimRace, default_store, person_needed
 from .job import DATABASE_UNREACHABLE, deliver, sweep
 
-log = logging.getLogger(__name__)
+log = telemetry.delivery_log(__name__)
 
 TASK_NAME = "{{ slug }}.{{ cookiecutter.job_type }}"
 SWEEP_TASK_NAME = "{{ slug }}.sweep_stale_claims"
@@ -79,7 +79,9 @@ def {{ cookiecutter.job_type }}(
     except DATABASE_UNREACHABLE as error:
         problem = person_needed(error)
         if problem:
-            log.error("%s %r: the database refused: %s; the message is kept, retried", settings.JOB_TYPE, key, problem)
+            log.line(
+                logging.ERROR, "retrying", key, None, "the database refused: %s; the message is kept, retried", problem
+            )
         raise retry_after(self, error, "database") from error
     except TRANSIENT_ERRORS as error:
         if failures(self, "transient") < TRANSIENT_RETRIES:
@@ -122,7 +124,7 @@ def give_up(key: object, details: object, error: Exception, why: str) -> None:
         return
     if failed:
         telemetry.count("failed")
-        log.error("%s %r: %s; the record is failed, for a person (operations held)", settings.JOB_TYPE, key, note)
+        log.line(logging.ERROR, "failed", key, None, "%s; the record is failed, for a person (operations held)", note)
 
 
 @shared_task(name=SWEEP_TASK_NAME)

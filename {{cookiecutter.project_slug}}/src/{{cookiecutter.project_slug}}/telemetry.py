@@ -11,13 +11,19 @@ without one, every call here does nothing.
 - `replay_matrix.claim.duration` (histogram, seconds): the claim's statement, a round trip to the database.
 - spans `claim`, `effect` and `complete` (attributes `job_type`, `operation_key`), inside the current span of the
   app or of its queue's instrumentation.
+
+And the kit's log lines about an operation (DeliveryLog) carry its fields as LogRecord attributes, which a JSON
+formatter shows: `job_type`, `operation_key`, `attempt` (the record's attempt the line is about; None where the
+record is not known) and `outcome` (what the line reports).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from opentelemetry import metrics, trace
 
@@ -48,3 +54,22 @@ def span(step: str, key: str) -> Iterator[None]:
         yield
     if step == "claim":
         _claim_duration.record(time.perf_counter() - started, _JOB)
+
+
+class DeliveryLog(logging.LoggerAdapter[logging.Logger]):
+    """A module's logger, whose lines about an operation say what became of it, as text and as fields."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        # a line's own fields, which LoggerAdapter would replace with the adapter's (none)
+        return msg, kwargs
+
+    def line(self, level: int, outcome: str, key: object, attempt: int | None, message: str, *args: Any) -> None:
+        """One line, "<job type> <key>: <message>", with the fields job_type, operation_key, attempt and outcome:
+        performed, skipped, waiting, held, abandoned, refused, released (the claim freed for a retry), taking over,
+        retrying (the database), failed, resent, resolved."""
+        fields = {**_JOB, "operation_key": key, "attempt": attempt, "outcome": outcome}
+        self.log(level, "%s %r: " + message, settings.JOB_TYPE, key, *args, extra=fields)
+
+
+def delivery_log(name: str) -> DeliveryLog:
+    return DeliveryLog(logging.getLogger(name))
