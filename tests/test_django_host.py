@@ -14,7 +14,9 @@ start before the settings are in and before the tables are, then runs the operat
 left behind are held by `manage.py <kit> sweep`, one resolved in the admin page in headless Chromium (a staff user
 without the permission sees no decision), the other released by `manage.py <kit> resolve` and performed by the
 project's worker. On each further Python (stacks.PYTHON_STACKS: sid's 3.14, where pip resolves Django 6), the
-walkthrough's cell runs too, every command inside that stack.
+walkthrough's cell runs too, every command inside that stack. A second project, made at test time by
+`django-admin startproject` with Celery's Django guide, takes the README's section as written with its SQLite
+database as it comes, and no DATABASE_URL anywhere.
 """
 
 from __future__ import annotations
@@ -287,6 +289,70 @@ def test_kit_inside_a_django_project(
             finally:
                 os.killpg(process.pid, signal.SIGTERM)
                 process.wait(timeout=60)
+
+
+# Celery's "First steps with Django": the project's Celery app and its import, as the guide writes them.
+CELERY_GUIDE = {
+    "celery.py": (
+        "import os\n\nfrom celery import Celery\n\n"
+        'os.environ.setdefault("DJANGO_SETTINGS_MODULE", "proj.settings")\n\n'
+        'app = Celery("proj")\n'
+        'app.config_from_object("django.conf:settings", namespace="CELERY")\n'
+        "app.autodiscover_tasks()\n"
+    ),
+    "__init__.py": 'from .celery import app as celery_app\n\n__all__ = ("celery_app",)\n',
+}
+
+
+@pytest.mark.live
+@pytest.mark.xdist_group("django_host")
+def test_kit_in_a_project_made_by_startproject(tmp_path: Path) -> None:
+    """A project made as a new user makes one: `django-admin startproject proj`, its SQLite database as it comes,
+    Celery as Celery's Django guide says; the kit added with its README's section, every command as written, and
+    no DATABASE_URL anywhere: the worker runs the operation the README sends, on Django's own connection, and
+    `manage.py <kit> status` reads it there."""
+    stack = stacks.PYTHON_STACKS[0]
+    kit = baked(tmp_path, WALKTHROUGH)
+    slug = kit.name
+    install, migrate, worker, send, status = readme_commands(kit, SECTION)
+    bin_dir = virtualenv(tmp_path / "venv", stack)
+    removed = ("DATABASE_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "REPLAY_HOST_APP", "PYTHONPATH")
+    env = {k: v for k, v in os.environ.items() if k not in (*removed, "DJANGO_SETTINGS_MODULE")}
+    env |= {"PATH": f"{bin_dir}{os.pathsep}{env['PATH']}", "VIRTUAL_ENV": str(bin_dir.parent)}
+    # django-admin, as `python -m django` runs it in the virtual environment
+    subprocess.run([bin_dir / "python", "-m", "django", "startproject", "proj"], cwd=tmp_path, env=env, check=True)
+    project = tmp_path / "proj"
+    for name, text in CELERY_GUIDE.items():
+        (project / "proj" / name).write_text(text)
+    with redis_database() as broker, smtp_sink() as (smtp, mail):
+        env |= smtp
+
+        def run(command: str) -> str:
+            result = subprocess.run(command, shell=True, cwd=project, env=env, capture_output=True, text=True)
+            assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+            return result.stdout
+
+        run(install)
+        settings = project / "proj" / "settings.py"
+        settings.write_text(f"{settings.read_text()}\n{settings_block(kit)}CELERY_BROKER_URL = {broker!r}\n")
+        run(migrate)
+        log = (tmp_path / "worker.log").open("wb")
+        process = subprocess.Popen(
+            shlex.split(worker), cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            assert "to the queue celery: message" in run(send)
+            deadline = time.monotonic() + 60
+            while len(mail.received) < 1 or "completed        1" not in run(status):
+                assert process.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
+                time.sleep(0.5)
+        finally:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=60)
+        assert len(mail.received) == 1
+        # the records are in the project's own database; the kit made no database of its own
+        assert (project / "db.sqlite3").exists() and not list(project.glob(f"{slug}*.sqlite3"))
 
 
 def claim_left_behind(slug: str, key: str) -> str:
