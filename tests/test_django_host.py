@@ -26,25 +26,22 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sysconfig
 import time
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
-from urllib.request import urlopen
 
 import pytest
 import stacks
-from browser import chromium
+from browser import ARTIFACTS, chromium, web_server
 from generate import baked, readme_commands
 from matrix import DEFAULTS, combinations, combo_id, covering
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 from services import postgres_database, psql, rabbitmq_vhost, redis, redis_database, smtp_sink
 from test_kits import assert_report, run_name
-from test_report_browser import ARTIFACTS
 
 HOST = Path(__file__).parent / "django_host"
 SECTION = "Add to a Django project"
@@ -377,53 +374,34 @@ def resolve_in_the_admin(
         "User.objects.create_user('ivan', password='ivan-pw-1', is_staff=True).user_permissions.add(view, resolve)\n"
     )
     subprocess.run(on_stack(["python", "manage.py", "shell", "-c", users]), cwd=project, env=env, check=True)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen(
-        on_stack(["python", "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload", "--insecure"]),
-        cwd=project,
-        env=env,
-        stdout=(tmp_path / "runserver.log").open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
     page = f"/admin/{slug}/operation/?status__exact=held"
-    driver = chromium()
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urlopen(f"{base}/admin/login/", timeout=5).close()
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "runserver.log").read_text()
-                time.sleep(0.3)
-        driver.set_window_size(1400, 900)
+    server = ["python", "manage.py", "runserver", "--noreload", "--insecure"]
+    log = tmp_path / "runserver.log"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with web_server(lambda port: on_stack([*server, f"127.0.0.1:{port}"]), project, env, log) as base:
+        driver = chromium()
+        try:
+            driver.set_window_size(1400, 900)
 
-        def log_in(user: str, password: str) -> None:
-            driver.delete_all_cookies()
-            driver.get(f"{base}/admin/login/?next={quote(page)}")
-            driver.find_element(By.NAME, "username").send_keys(user)
-            driver.find_element(By.NAME, "password").send_keys(password)
-            driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+            def log_in(user: str, password: str) -> None:
+                driver.delete_all_cookies()
+                driver.get(f"{base}/admin/login/?next={quote(page)}")
+                driver.find_element(By.NAME, "username").send_keys(user)
+                driver.find_element(By.NAME, "password").send_keys(password)
+                driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
 
-        log_in("olga", "olga-pw-1")
-        assert key in driver.find_element(By.ID, "result_list").text
-        assert not driver.find_elements(By.NAME, "action"), "a person without the permission is offered a decision"
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        driver.save_screenshot(str(ARTIFACTS / "django-admin-view-only.png"))
+            log_in("olga", "olga-pw-1")
+            assert key in driver.find_element(By.ID, "result_list").text
+            assert not driver.find_elements(By.NAME, "action"), "a person without the permission is offered a decision"
+            driver.save_screenshot(str(ARTIFACTS / "django-admin-view-only.png"))
 
-        log_in("ivan", "ivan-pw-1")
-        driver.find_element(By.CSS_SELECTOR, f"input[name=_selected_action][value={key!r}]").click()
-        Select(driver.find_element(By.NAME, "action")).select_by_value("done")
-        driver.find_element(By.NAME, "why").send_keys("checked the mail log")
-        driver.save_screenshot(str(ARTIFACTS / "django-admin-held.png"))
-        driver.find_element(By.CSS_SELECTOR, "button[name=index]").click()
-        assert f"{key}: completed by ivan (was held)" in driver.find_element(By.CSS_SELECTOR, ".messagelist").text
-        driver.save_screenshot(str(ARTIFACTS / "django-admin-resolved.png"))
-    finally:
-        driver.quit()
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+            log_in("ivan", "ivan-pw-1")
+            driver.find_element(By.CSS_SELECTOR, f"input[name=_selected_action][value={key!r}]").click()
+            Select(driver.find_element(By.NAME, "action")).select_by_value("done")
+            driver.find_element(By.NAME, "why").send_keys("checked the mail log")
+            driver.save_screenshot(str(ARTIFACTS / "django-admin-held.png"))
+            driver.find_element(By.CSS_SELECTOR, "button[name=index]").click()
+            assert f"{key}: completed by ivan (was held)" in driver.find_element(By.CSS_SELECTOR, ".messagelist").text
+            driver.save_screenshot(str(ARTIFACTS / "django-admin-resolved.png"))
+        finally:
+            driver.quit()

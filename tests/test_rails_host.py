@@ -14,21 +14,17 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
-from urllib.error import HTTPError
-from urllib.request import urlopen
 
 import pytest
 import stacks
-from browser import chromium
+from browser import ARTIFACTS, chromium, web_server
 from generate import baked, readme_commands
 from selenium.webdriver.common.by import By
 from services import postgres_database, psql, redis_database, smtp_sink
 from test_kits import assert_report, run_name
-from test_report_browser import ARTIFACTS
 
 HOST = Path(__file__).parent / "rails_host"
 COMBO = {"queue_system": "sidekiq", "effect_kind": "external_no_reference", "stale_claim_policy": "hold"}
@@ -264,51 +260,28 @@ def resolve_in_sidekiq_web(stack: str, app: Path, env: dict[str, str], tmp_path:
     """The app's Sidekiq Web in headless Chromium: a signed-in user the app does not let decide sees the held
     operation in the kit's tab and no decision; one it does marks it done, with why, through the tab's form (Sidekiq
     Web's CSRF protection on). Screenshots go to build/artifacts/."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen(
-        stacks.command(stack, ["bin/rails", "server", "-b", "127.0.0.1", "-p", str(port)], app, env),
-        cwd=app,
-        env=env,
-        stdout=(tmp_path / "rails-server.log").open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
     tab = "/sidekiq/order-confirmation-held"
-    driver = chromium()
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                urlopen(f"{base}/sidekiq", timeout=5).close()
-            except HTTPError:
-                break  # the server answers: Sidekiq Web is not for those not signed in
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, (
-                    tmp_path / "rails-server.log"
-                ).read_text()
-                time.sleep(0.3)
-        driver.set_window_size(1400, 900)
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    server = ["bin/rails", "server", "-b", "127.0.0.1", "-p"]
+    log = tmp_path / "rails-server.log"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with web_server(lambda port: stacks.command(stack, [*server, str(port)], app, env), app, env, log) as base:
+        driver = chromium()
+        try:
+            driver.set_window_size(1400, 900)
+            driver.get(f"{base}/sign_in?name=olga&to={tab}")
+            assert "ORD-HELD-1" in driver.find_element(By.ID, "held-operations").text, driver.page_source[-3000:]
+            assert not driver.find_elements(By.NAME, "why"), "a user the app does not let decide is offered a decision"
+            driver.save_screenshot(str(ARTIFACTS / f"sidekiq-web-view-only-{stack}.png"))
 
-        driver.get(f"{base}/sign_in?name=olga&to={tab}")
-        assert "ORD-HELD-1" in driver.find_element(By.ID, "held-operations").text, driver.page_source[-3000:]
-        assert not driver.find_elements(By.NAME, "why"), "a user the app does not let decide is offered a decision"
-        driver.save_screenshot(str(ARTIFACTS / f"sidekiq-web-view-only-{stack}.png"))
-
-        driver.delete_all_cookies()
-        driver.get(f"{base}/sign_in?name=ivan&to={tab}")
-        row = driver.find_element(By.XPATH, "//table[@id='held-operations']//tr[td[1]='ORD-HELD-1']")
-        row.find_element(By.NAME, "why").send_keys("checked the mail log")
-        driver.save_screenshot(str(ARTIFACTS / f"sidekiq-web-held-{stack}.png"))
-        row.find_element(By.CSS_SELECTOR, "button[value=done]").click()
-        said = driver.find_element(By.ID, "said").text
-        assert said == "ORD-HELD-1: marked done by ivan", driver.page_source[-3000:]
-        assert not driver.find_elements(By.XPATH, "//tr[td[1]='ORD-HELD-1']"), "still listed after it was resolved"
-        driver.save_screenshot(str(ARTIFACTS / f"sidekiq-web-resolved-{stack}.png"))
-    finally:
-        driver.quit()
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+            driver.delete_all_cookies()
+            driver.get(f"{base}/sign_in?name=ivan&to={tab}")
+            row = driver.find_element(By.XPATH, "//table[@id='held-operations']//tr[td[1]='ORD-HELD-1']")
+            row.find_element(By.NAME, "why").send_keys("checked the mail log")
+            driver.save_screenshot(str(ARTIFACTS / f"sidekiq-web-held-{stack}.png"))
+            row.find_element(By.CSS_SELECTOR, "button[value=done]").click()
+            said = driver.find_element(By.ID, "said").text
+            assert said == "ORD-HELD-1: marked done by ivan", driver.page_source[-3000:]
+            assert not driver.find_elements(By.XPATH, "//tr[td[1]='ORD-HELD-1']"), "still listed after it was resolved"
+            driver.save_screenshot(str(ARTIFACTS / f"sidekiq-web-resolved-{stack}.png"))
+        finally:
+            driver.quit()

@@ -23,16 +23,14 @@ from typing import Any
 
 import matrix_report
 import pytest
-from browser import chromium
+from browser import ARTIFACTS, chromium
 from generate import baked
-from matrix import ROOT
 from pypdf import PdfReader
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.print_page_options import PrintOptions
 from test_kits import LANGUAGES, REPLAY_CASES, run_suite
 
-ARTIFACTS = Path(os.environ.get("REPLAY_ARTIFACTS_DIR", ROOT / "build" / "artifacts"))
 # A4 in PostScript points, as a PDF gives its page size (Chromium rounds to whole pixels: within 2 points)
 A4 = (595.3, 841.9)
 # How each kit's language runs the embedded suite here: the Ruby kit on the host's own Ruby stack
