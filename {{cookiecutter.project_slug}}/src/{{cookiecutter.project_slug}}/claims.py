@@ -340,7 +340,7 @@ def new_record(key: str, payload_fingerprint: str, details: Mapping[str, Any] | 
     return {"job_type": JOB_TYPE, "key": key, "fingerprint": payload_fingerprint, "payload": payload, "token": token}
 
 
-class _Held:
+class HeldConnection:
     """One thread's connection for the store, in autocommit, with its cursor."""
 
     __slots__ = ("connection", "cursor", "ended", "pid", "pooled")
@@ -575,8 +575,8 @@ class ClaimStore:
             """
         )
 
-    def _held(self) -> _Held:
-        held: _Held | None = getattr(self._local, "held", None)
+    def _held(self) -> HeldConnection:
+        held: HeldConnection | None = getattr(self._local, "held", None)
         if held is None or held.pid != os.getpid() or not held.alive():
             # A write that met a lost connection is never sent again (_run); one lost while idle is found here,
             # before anything is sent on it.
@@ -584,7 +584,7 @@ class ClaimStore:
             held = self._local.held = self._open()
         return held
 
-    def _open(self) -> _Held:
+    def _open(self) -> HeldConnection:
         try:
             pooled = self.engine.raw_connection()
         except self._dbapi.Error as error:
@@ -595,7 +595,7 @@ class ClaimStore:
             pooled.dbapi_connection.isolation_level = None
         else:
             pooled.dbapi_connection.autocommit = True
-        return _Held(pooled)
+        return HeldConnection(pooled)
 
     def close(self) -> None:
         """Closes the calling thread's connection (the next call opens another)."""

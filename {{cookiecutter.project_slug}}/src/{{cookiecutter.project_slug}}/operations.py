@@ -13,7 +13,8 @@
     python -m {{ slug }}.operations resolutions [KEY]
     python -m {{ slug }}.operations retain --older-than-days N
 
-`pip install` makes the same command available as `{{ slug|replace("_", "-") }}-operations`.
+`pip install` makes the same command available as `{{ slug|replace("_", "-") }}-operations`{{ ", and in a Django project
+with the kit's app installed, `python manage.py " ~ slug ~ " ...`" if celery else "" }}.
 `send` writes the operation's record as queued, then sends its message (producer.enqueue). `status` prints each
 state's count and oldest age, and exits 1 when something waits for a person or is overdue: a monitor's probe.
 `held` lists what waits for a person: held (a stale claim under `hold`) and failed (past the queue's retries).

@@ -23,7 +23,7 @@ from django.db import Error as DjangoDatabaseError
 from sqlalchemy import Connection, exc
 from sqlalchemy.pool import NullPool
 
-from ..claims import ClaimStore, _Held, connect
+from ..claims import ClaimStore, HeldConnection, connect
 
 
 def sqlalchemy_url(alias: str) -> str:
@@ -38,7 +38,7 @@ def sqlalchemy_url(alias: str) -> str:
     )
 
 
-class _DjangosConnection(_Held):
+class _DjangosConnection(HeldConnection):
     """A thread's Django connection, as the store holds it: Django's to open and close."""
 
     __slots__ = ("alias",)
@@ -81,7 +81,7 @@ class DjangoClaimStore(ClaimStore):
             orig = error.__cause__ if isinstance(error.__cause__, self._dbapi.Error) else error
             raise exc.DBAPIError.instance(None, None, orig, self._dbapi.Error, dialect=self.engine.dialect) from error
 
-    def _open(self) -> _Held:
+    def _open(self) -> HeldConnection:
         wrapper = connections[self.alias]
         with self._django_errors():
             wrapper.ensure_connection()
