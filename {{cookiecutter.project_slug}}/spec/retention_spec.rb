@@ -6,6 +6,7 @@
 # frozen_string_literal: true
 
 require "open3"
+require "socket"
 
 # Retention: completed records older than DAYS are deleted, in batches; an age that a redelivery could outlast
 # is refused with one line naming the minimum, and nothing is deleted.
@@ -97,5 +98,19 @@ RSpec.describe "retention of completed records" do
     expect(status).to be_success
     expect(done).to eq("1 completed record(s) of {{ c.job_type }} older than 30 days deleted\n")
     expect(keys).to be_empty
+  end
+
+  # Each task on a database it cannot reach (nothing listens on the port): one line, exit status 2, no backtrace.
+  it "runs every person's task to one line when the database cannot be reached", unless: HOST_APP do
+    port = TCPServer.open("127.0.0.1", 0) { |server| server.addr[1] }
+    env = { "DATABASE_URL" => "postgresql://nobody@127.0.0.1:#{port}/down" }
+    %w[status sweep held:list held:resolutions].each do |name|
+      task = "{{ c.project_slug }}:#{name}"
+      out, err, status = Open3.capture3(env, RbConfig.ruby, "-S", "rake", task, chdir: File.join(__dir__, ".."))
+      expect(status.exitstatus).to eq(2), err
+      expect(out).to eq("")
+      expect(err.lines.size).to eq(1), err
+      expect(err).to start_with("#{task}: the database cannot be reached (")
+    end
   end
 end

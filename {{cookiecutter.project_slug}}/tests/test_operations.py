@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -426,3 +427,24 @@ def test_a_command_on_a_database_not_migrated_says_so_in_one_line(command: list[
     (line,) = ran.stderr.splitlines()
     assert line.startswith(f"{operations.PROG} {command[0]}: ")
     assert "run the kit's migration" in line
+
+
+@pytest.mark.embedded_only
+@pytest.mark.parametrize(
+    "command",
+    [["send", KEY], ["held"], ["status"], ["sweep"], ["resolve", KEY, "--done", "--by", "alice", "--why", "checked"]],
+    ids=lambda argv: argv[0],
+)
+def test_a_command_while_the_database_cannot_be_reached_says_so_in_one_line(command: list[str]) -> None:
+    """The server down (nothing listens on its port): one line that names it and what to do, no traceback."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # nothing listens on it: the socket never listens, and is closed after
+    env = {**os.environ, "DATABASE_URL": f"postgresql://nobody@127.0.0.1:{port}/down", "PYTHONPATH": KIT_PYTHONPATH}
+    argv = [sys.executable, "-m", operations.__name__, *command]
+    ran = subprocess.run(argv, cwd=KIT_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 2, ran.stdout + ran.stderr
+    assert ran.stdout == ""
+    (line,) = ran.stderr.splitlines()
+    assert line.startswith(f"{operations.PROG} {command[0]}: the database cannot be reached (")
+    assert "run it again when it answers" in line and "Connection refused" in line

@@ -15,6 +15,9 @@ module {{ mod }}
     # every resolution by a person (revision 4)
     RESOLUTIONS = "{{ t }}_resolutions"
     LOG_IN = "check DATABASE_URL and its credentials"
+    # the server down or restarting, the network cut (ActiveRecord 7.1 and later also name a lost connection)
+    UNREACHABLE = [ActiveRecord::ConnectionNotEstablished,
+                   (ActiveRecord::ConnectionFailed if defined?(ActiveRecord::ConnectionFailed))].compact.freeze
 
     module_function
 
@@ -80,6 +83,21 @@ module {{ mod }}
       raise unless e.message.match?(/check/i)
 
       false
+    end
+
+    # Runs a rake task's work: a database the task cannot use (the server down or restarting, the table not
+    # migrated, a login refused) ends it with one line, "<task>: <cause>: <what to do>", and exit status 2, not a
+    # backtrace. The task's change is one transaction: all of it happened, or none (`held:list` shows which).
+    def one_line_on_failure(task)
+      yield
+    rescue ActiveRecord::ConnectionNotEstablished, ActiveRecord::StatementInvalid => e
+      unreachable = UNREACHABLE.any? { |kind| e.is_a?(kind) }
+      needed = person_needed(e) ||
+               (unreachable && "the database cannot be reached (#{first_line(e)}); run it again when it answers")
+      raise unless needed
+
+      warn "#{task.name}: #{needed}"
+      exit 2
     end
 
     # (sqlite3 2 ends it with a colon, before the statement on the next line)

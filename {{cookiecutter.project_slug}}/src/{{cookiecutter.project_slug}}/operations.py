@@ -38,6 +38,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy.exc import InterfaceError, OperationalError
+
 from . import producer, settings, telemetry
 from .claims import (
     BadMessage,
@@ -218,12 +220,21 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     try:
         return run(args)
     except DATABASE_UNREACHABLE as error:
-        # a table not migrated, a login refused: one line saying what to do, not a traceback
-        problem = person_needed(error)
+        # a table not migrated, a login refused, the server down: one line saying what to do, not a traceback
+        problem = person_needed(error) or unreachable(error)
         if problem is None:
             raise
         print(f"{args.prog} {args.command}: {problem}", file=sys.stderr)
         return 2
+
+
+def unreachable(error: Exception) -> str | None:
+    """For a database that cannot be reached now (down, restarting, the network), one line; None for other errors.
+    A command changes the record in one transaction, so it changed all or nothing; `held` shows which."""
+    if not isinstance(error, OperationalError | InterfaceError):
+        return None
+    cause = " ".join(str(getattr(error, "orig", None) or error).split())[:300]
+    return f"the database cannot be reached ({cause}); run it again when it answers (`held` shows what is recorded)"
 
 
 def run(args: argparse.Namespace) -> int:
