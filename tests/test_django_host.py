@@ -63,8 +63,9 @@ def perform(conn, key, details):
     if details.get("fail"):
         raise RuntimeError("the effect failed after writing its row")
 """
-# the walkthrough's operations left for a person: one resolved in the admin page, one by the command
-HELD = ("ORD-HELD-1", "ORD-HELD-2")
+# the walkthrough's operations left for a person: in the admin page one marked done and one given one more
+# attempt; one more attempt for the last by the command
+HELD = ("ORD-HELD-1", "ORD-HELD-2", "ORD-HELD-3")
 # Each cell on the first Python; the walkthrough's on every other.
 RUNS = [
     pytest.param(cell, stack, id=f"{combo_id(cell)}-{stack}")
@@ -266,23 +267,30 @@ def test_kit_inside_a_django_project(
                 rolled_back = f"SELECT count(*) FROM {TABLE} WHERE operation_key = 'ORD-ROLLED-BACK'"
                 assert psql(rolled_back, database=name).strip() == "0"
 
-                # Two claims left past their lease (workers that died), held by the sweeper of `manage.py`
+                # Claims left past their lease (workers that died), held by the sweeper of `manage.py`
                 for key in HELD:
                     run(f"python manage.py shell -c {shlex.quote(claim_left_behind(slug, key))}")
-                assert "stale claims: 2, settled: 2" in run(f"python manage.py {slug} sweep")
+                assert "stale claims: 3, settled: 3" in run(f"python manage.py {slug} sweep")
                 assert all(f"{key}  held" in run(f"python manage.py {slug} held") for key in HELD)
-                # one resolved in the admin page, by a person with the permission
-                resolve_in_the_admin(project, on_stack, env, slug, HELD[0], tmp_path)
-                audit = f"SELECT resolved_by, resolved_as, status_before, status_after, why FROM {TABLE}_resolutions"
-                assert psql(audit, database=name).strip() == "ivan|django:ivan|held|completed|checked the mail log"
-                # the other by the command, for one more attempt: sent through the project's app, to its worker
-                run(f"python manage.py {slug} resolve {HELD[1]} --release --by olga --why 'not received'")
-                again = f"SELECT status FROM {TABLE} WHERE operation_key = '{HELD[1]}'"
+                # two resolved in the admin page by a person with the permission: done, and one more attempt
+                resolve_in_the_admin(project, on_stack, env, slug, HELD[:2], tmp_path)
+                audit = (
+                    f"SELECT operation_key, resolved_as, status_before, status_after, why FROM {TABLE}_resolutions"
+                    " ORDER BY resolved_at"
+                )
+                assert psql(audit, database=name).splitlines() == [
+                    f"{HELD[0]}|django:ivan|held|completed|checked the mail log",
+                    f"{HELD[1]}|django:ivan|held|queued|not in the mail log",
+                ]
+                # the last by the command, for one more attempt; both attempts sent through the project's app, to
+                # its worker, and performed
+                run(f"python manage.py {slug} resolve {HELD[2]} --release --by olga --why 'not received'")
+                again = f"SELECT count(*) FROM {TABLE} WHERE operation_key IN {HELD[1:]} AND status = 'completed'"
                 deadline = time.monotonic() + 60
-                while (len(mail.received), psql(again, database=name).strip()) != (3, "completed"):
+                while (len(mail.received), psql(again, database=name).strip()) != (4, "2"):
                     assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
                     time.sleep(0.2)
-                assert "2 resolutions" in run(f"python manage.py {slug} resolutions")
+                assert "3 resolutions" in run(f"python manage.py {slug} resolutions")
             finally:
                 os.killpg(process.pid, signal.SIGTERM)
                 process.wait(timeout=60)
@@ -363,10 +371,16 @@ def claim_left_behind(slug: str, key: str) -> str:
 
 
 def resolve_in_the_admin(
-    project: Path, on_stack: Callable[[list[str]], list[str]], env: dict[str, str], slug: str, key: str, tmp_path: Path
+    project: Path,
+    on_stack: Callable[[list[str]], list[str]],
+    env: dict[str, str],
+    slug: str,
+    keys: tuple[str, ...],
+    tmp_path: Path,
 ) -> None:
-    """The project's admin in headless Chromium: a staff user who may only view sees the held operation and no
-    decision; one with the kit's permission marks it done, with why. Screenshots go to build/artifacts/."""
+    """The project's admin in headless Chromium: a staff user who may only view sees the held operations and no
+    decision; one with the kit's permission marks the first done and gives the second one more attempt, each with
+    why. Screenshots go to build/artifacts/."""
     users = (
         "from django.contrib.auth.models import Permission, User\n"
         "view, resolve = (Permission.objects.get(codename=name) for name in ('view_operation', 'resolve_operation'))\n"
@@ -390,18 +404,25 @@ def resolve_in_the_admin(
                 driver.find_element(By.NAME, "password").send_keys(password)
                 driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
 
+            done, again = keys
             log_in("olga", "olga-pw-1")
-            assert key in driver.find_element(By.ID, "result_list").text
+            assert done in driver.find_element(By.ID, "result_list").text
             assert not driver.find_elements(By.NAME, "action"), "a person without the permission is offered a decision"
             driver.save_screenshot(str(ARTIFACTS / "django-admin-view-only.png"))
 
             log_in("ivan", "ivan-pw-1")
-            driver.find_element(By.CSS_SELECTOR, f"input[name=_selected_action][value={key!r}]").click()
-            Select(driver.find_element(By.NAME, "action")).select_by_value("done")
-            driver.find_element(By.NAME, "why").send_keys("checked the mail log")
-            driver.save_screenshot(str(ARTIFACTS / "django-admin-held.png"))
-            driver.find_element(By.CSS_SELECTOR, "button[name=index]").click()
-            assert f"{key}: completed by ivan (was held)" in driver.find_element(By.CSS_SELECTOR, ".messagelist").text
+
+            def decide(key: str, action: str, why: str) -> str:
+                driver.find_element(By.CSS_SELECTOR, f"input[name=_selected_action][value={key!r}]").click()
+                Select(driver.find_element(By.NAME, "action")).select_by_value(action)
+                driver.find_element(By.NAME, "why").send_keys(why)
+                driver.save_screenshot(str(ARTIFACTS / f"django-admin-{action}.png"))
+                driver.find_element(By.CSS_SELECTOR, "button[name=index]").click()
+                return str(driver.find_element(By.CSS_SELECTOR, ".messagelist").text)
+
+            assert f"{done}: completed by ivan (was held)" in decide(done, "done", "checked the mail log")
+            said = decide(again, "one_more_attempt", "not in the mail log")
+            assert f"{again}: released for one more attempt by ivan; sent again: message " in said
             driver.save_screenshot(str(ARTIFACTS / "django-admin-resolved.png"))
         finally:
             driver.quit()

@@ -167,6 +167,26 @@ module {{ mod }}
     end
     include Lifecycle
 
+    # What the claims say of an operation: to the app's metrics, and to the log.
+    module Reports
+      # What became of an operation, as an ActiveSupport::Notifications event that an app wires to its metrics:
+      # "operation.replay_matrix", with job_type, operation_key and outcome (README.md, "Metrics").
+      def notify(key, outcome)
+        ActiveSupport::Notifications.instrument(
+          "operation.replay_matrix", job_type: job_type, operation_key: key, outcome: outcome
+        )
+      end
+
+      # One line, "<job type> <key>: <message>", that carries the key, the record's attempt (where the line knows
+      # it) and the outcome it reports as fields of Sidekiq's log context too: its formatters write them
+      # (key=value in the text, "ctx" in JSON).
+      def log(level, key, message, outcome:, attempt: nil)
+        fields = { operation_key: key, attempt: attempt, outcome: outcome }.compact
+        Sidekiq::Context.with(fields) { @logger.public_send(level, "#{job_type} #{key}: #{message}") }
+      end
+    end
+    include Reports
+
     # What each stale-claim policy makes of a claim older than the lease: the status it settles it at (nil: a new
     # run takes it over), and the note it leaves on the record. The Python kits write the same.
     AFTER_LEASE = {
@@ -221,22 +241,6 @@ module {{ mod }}
     # Gives up this run's claim after its effect failed, so that the queue's retry may claim it again.
     def release(claim, why)
       changed(:release, claim.key, claim.token, why).positive?
-    end
-
-    # What became of an operation, as an ActiveSupport::Notifications event that an app wires to its metrics:
-    # "operation.replay_matrix", with job_type, operation_key and outcome (README.md, "Metrics").
-    def notify(key, outcome)
-      ActiveSupport::Notifications.instrument(
-        "operation.replay_matrix", job_type: job_type, operation_key: key, outcome: outcome
-      )
-    end
-
-    # One line, "<job type> <key>: <message>", that carries the key, the record's attempt (where the line knows it)
-    # and the outcome it reports as fields of Sidekiq's log context too: its formatters write them (key=value in
-    # the text, "ctx" in JSON).
-    def log(level, key, message, outcome:, attempt: nil)
-      fields = { operation_key: key, attempt: attempt, outcome: outcome }.compact
-      Sidekiq::Context.with(fields) { @logger.public_send(level, "#{job_type} #{key}: #{message}") }
     end
 
     # Applies the stale-claim policy to the claim with `token`, if it is still that claim and still stale.

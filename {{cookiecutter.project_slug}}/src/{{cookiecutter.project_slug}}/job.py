@@ -94,7 +94,7 @@ def handle(
 
     # BEGIN, then the claim or the record another run left (one statement), the effect, the completion, COMMIT
     with store.transaction() as conn:
-        with telemetry.span("claim", operation_key):
+        with telemetry.claim_span(operation_key):
             found = store.claim_or_read(operation_key, payload_fingerprint, encoded)
         if isinstance(found, str):
             with telemetry.span("effect", operation_key):
@@ -108,7 +108,7 @@ def handle(
 {%- else %}
 
     # The claim commits on its own before the effect: from here on a death leaves a claim behind.
-    with telemetry.span("claim", operation_key):
+    with telemetry.claim_span(operation_key):
         found = store.claim_or_read(operation_key, payload_fingerprint, encoded)
     if isinstance(found, str):
         return _perform_and_complete(store, operation_key, payload, found, 1, perform, "claimed")
@@ -240,7 +240,7 @@ def _take_over_and_perform(
     note = None if record.status == "queued" else why
 {%- if one_transaction %}
     with store.transaction() as conn:
-        with telemetry.span("claim", key):
+        with telemetry.claim_span(key):
             token = store.take_over(key, record.claim_token, note)
         if token is not None:
             with telemetry.span("effect", key):
