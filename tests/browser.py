@@ -17,6 +17,10 @@ from urllib.request import urlopen
 
 from matrix import ROOT
 from selenium import webdriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.wait import WebDriverWait
 
 # Where the browser tests keep their screenshots and printed pages: build/artifacts/ (REPLAY_ARTIFACTS_DIR)
 ARTIFACTS = Path(os.environ.get("REPLAY_ARTIFACTS_DIR", ROOT / "build" / "artifacts"))
@@ -31,6 +35,15 @@ def chromium(**capabilities: object) -> webdriver.Chrome:
         options.set_capability(name, value)
     service = webdriver.ChromeService(executable_path=shutil.which("chromedriver") or "/usr/bin/chromedriver")
     return webdriver.Chrome(options=options, service=service)
+
+
+def submit(driver: webdriver.Chrome, button: WebElement, timeout: float = 60) -> None:
+    """Clicks a button that sends a form, and returns once the page it was on has gone and the answer has loaded: an
+    element looked up right after the click would otherwise be the old page's (stale under load)."""
+    page = driver.find_element(By.TAG_NAME, "html")
+    button.click()
+    WebDriverWait(driver, timeout).until(expected_conditions.staleness_of(page))
+    WebDriverWait(driver, timeout).until(lambda _: driver.execute_script("return document.readyState") == "complete")
 
 
 @contextmanager

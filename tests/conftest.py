@@ -1,10 +1,14 @@
 import os
+import resource
 import shutil
 import sys
 import tempfile
 import uuid
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 # The template's tests import their helpers (matrix, generate) from this folder.
 sys.path.insert(0, str(Path(__file__).parent))
@@ -36,11 +40,36 @@ def pytest_unconfigure(config: Any) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+# The tests that take a minute or more, started first (in this order) by pytest's workers: last, one would run alone
+# while the other workers have nothing left (the run's tail, in the timing table).
+LONG_FIRST = [
+    "tests/test_django_host.py::*",  # one worker runs them all, one after the other (their xdist_group)
+    "tests/test_soak.py::*",
+    "tests/test_kit_readme.py::*",
+    "tests/test_python_readme.py::*",
+    "tests/test_kits.py::*-sid]",  # the second Python's whole suites
+    "tests/test_tox_quick.py::*",
+    "tests/test_rails_host.py::*",
+    "tests/test_regenerate.py::*",
+]
+COLLECTED_ORDER = pytest.StashKey[dict[str, int]]()
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    config.stash[COLLECTED_ORDER] = {item.nodeid: n for n, item in enumerate(items)}
+
+    def rank(item: Any) -> int:
+        return next((n for n, pattern in enumerate(LONG_FIRST) if fnmatch(item.nodeid, pattern)), len(LONG_FIRST))
+
+    items.sort(key=rank)  # stable: the order within a rank stays
+
+
 def pytest_collection_finish(session: Any) -> None:
     """The matrix report learns which kit suites this run will run (every pytest worker collects them all)."""
+    order = session.config.stash.get(COLLECTED_ORDER, {})
     suites = [
         item.callspec.params
-        for item in session.items
+        for item in sorted(session.items, key=lambda item: order.get(item.nodeid, 0))  # as collected, not as run
         if getattr(item, "originalname", "") == "test_kit_suite_proves_the_policy"
     ]
     if suites:
@@ -60,10 +89,33 @@ def pytest_sessionfinish(session: Any) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """The timing table (tests/timing.py), by the process that is not a worker."""
-    if hasattr(terminalreporter.config, "workerinput"):
+    if hasattr(terminalreporter.config, "workerinput") or terminalreporter.config.option.collectonly:
         return
     import matrix_report
     import timing
 
     reports = [report for outcome in terminalreporter.stats.values() for report in outcome]
     terminalreporter.write(timing.table(reports, matrix_report.results()))
+
+
+def _cpu_seconds() -> float:
+    """CPU used so far by this process and by every process it has waited for (a kit's suite, its workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+CPU_AT_START = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: Any) -> Any:
+    item.stash[CPU_AT_START] = _cpu_seconds()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: Any) -> Any:
+    """Each test's CPU seconds, on its teardown's report, for the timing table: on two cores CPU is what a run
+    waits for, more than any sleep."""
+    yield
+    item.user_properties.append(("cpu_seconds", _cpu_seconds() - item.stash[CPU_AT_START]))

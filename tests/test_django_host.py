@@ -35,7 +35,7 @@ from urllib.parse import quote
 
 import pytest
 import stacks
-from browser import ARTIFACTS, chromium, web_server
+from browser import ARTIFACTS, chromium, submit, web_server
 from generate import baked, readme_commands
 from matrix import DEFAULTS, combinations, combo_id, covering
 from selenium.webdriver.common.by import By
@@ -402,7 +402,7 @@ def resolve_in_the_admin(
                 driver.get(f"{base}/admin/login/?next={quote(page)}")
                 driver.find_element(By.NAME, "username").send_keys(user)
                 driver.find_element(By.NAME, "password").send_keys(password)
-                driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+                submit(driver, driver.find_element(By.CSS_SELECTOR, "input[type=submit]"))
 
             done, again = keys
             log_in("olga", "olga-pw-1")
@@ -417,7 +417,7 @@ def resolve_in_the_admin(
                 Select(driver.find_element(By.NAME, "action")).select_by_value(action)
                 driver.find_element(By.NAME, "why").send_keys(why)
                 driver.save_screenshot(str(ARTIFACTS / f"django-admin-{action}.png"))
-                driver.find_element(By.CSS_SELECTOR, "button[name=index]").click()
+                submit(driver, driver.find_element(By.CSS_SELECTOR, "button[name=index]"))
                 return str(driver.find_element(By.CSS_SELECTOR, ".messagelist").text)
 
             assert f"{done}: completed by ivan (was held)" in decide(done, "done", "checked the mail log")

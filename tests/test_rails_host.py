@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import stacks
-from browser import ARTIFACTS, chromium, web_server
+from browser import ARTIFACTS, chromium, submit, web_server
 from generate import baked, readme_commands
 from selenium.webdriver.common.by import By
 from services import postgres_database, psql, redis_database, smtp_sink
@@ -278,7 +278,7 @@ def resolve_in_sidekiq_web(stack: str, app: Path, env: dict[str, str], tmp_path:
             row = driver.find_element(By.XPATH, "//table[@id='held-operations']//tr[td[1]='ORD-HELD-1']")
             row.find_element(By.NAME, "why").send_keys("checked the mail log")
             driver.save_screenshot(str(ARTIFACTS / f"sidekiq-web-held-{stack}.png"))
-            row.find_element(By.CSS_SELECTOR, "button[value=done]").click()
+            submit(driver, row.find_element(By.CSS_SELECTOR, "button[value=done]"))
             said = driver.find_element(By.ID, "said").text
             assert said == "ORD-HELD-1: marked done by ivan", driver.page_source[-3000:]
             assert not driver.find_elements(By.XPATH, "//tr[td[1]='ORD-HELD-1']"), "still listed after it was resolved"

@@ -2,7 +2,9 @@
 slower: machine time by test file, each kit suite against its target, and the slowest tests.
 
 Machine time is the sum of the tests' own durations (setup, call and teardown): with pytest's workers in parallel
-it exceeds the wall time.
+it exceeds the wall time. CPU is what each test used, in its own process and the processes it waited for (the
+kits' suites and workers, conftest measures it): on two busy cores, the run's length follows the CPU more than
+any wait.
 """
 
 from __future__ import annotations
@@ -25,15 +27,30 @@ def seconds_by_test(reports: Iterable[Any]) -> dict[str, float]:
     return dict(seconds)
 
 
+def cpu_by_test(reports: Iterable[Any]) -> dict[str, float]:
+    """Each test's CPU seconds, from its teardown's report (conftest's cpu_seconds), by node id."""
+    return {
+        report.nodeid: value
+        for report in reports
+        if getattr(report, "when", None) == "teardown"
+        for name, value in getattr(report, "user_properties", [])
+        if name == "cpu_seconds"
+    }
+
+
 def table(reports: Iterable[Any], suites: list[dict[str, Any]]) -> str:
-    tests = seconds_by_test(reports)
-    lines = ["", "timing: machine time by test file", f"  {'file':<32}{'tests':>7}{'seconds':>10}{'longest':>10}"]
-    by_file: dict[str, list[float]] = defaultdict(list)
-    for nodeid, seconds in tests.items():
-        by_file[nodeid.split("::", 1)[0].removeprefix("tests/")].append(seconds)
-    for name, times in sorted(by_file.items(), key=lambda item: -sum(item[1])):
-        lines.append(f"  {name:<32}{len(times):>7}{sum(times):>10.0f}{max(times):>10.1f}")
-    lines.append(f"  {'all':<32}{len(tests):>7}{sum(tests.values()):>10.0f}")
+    reports = list(reports)
+    tests, cpu = seconds_by_test(reports), cpu_by_test(reports)
+    lines = ["", "timing: machine time and CPU by test file"]
+    lines.append(f"  {'file':<32}{'tests':>7}{'seconds':>10}{'longest':>10}{'cpu':>8}")
+    by_file: dict[str, list[str]] = defaultdict(list)
+    for nodeid in tests:
+        by_file[nodeid.split("::", 1)[0].removeprefix("tests/")].append(nodeid)
+    for name, ids in sorted(by_file.items(), key=lambda item: -sum(tests[n] for n in item[1])):
+        times = [tests[n] for n in ids]
+        used = sum(cpu.get(n, 0.0) for n in ids)
+        lines.append(f"  {name:<32}{len(times):>7}{sum(times):>10.0f}{max(times):>10.1f}{used:>8.0f}")
+    lines.append(f"  {'all':<32}{len(tests):>7}{sum(tests.values()):>10.0f}{'':>10}{sum(cpu.values()):>8.0f}")
     if suites:
         lines += ["", "timing: kit suites (test_kits) against their targets, under this run's load"]
         lines.append(f"  {'suite':<34}{'runs':>6}{'median':>9}{'longest':>9}{'target':>8}{'over':>6}")
@@ -49,6 +66,10 @@ def table(reports: Iterable[Any], suites: list[dict[str, Any]]) -> str:
     lines += ["", "timing: the ten slowest tests"]
     for nodeid, seconds in sorted(tests.items(), key=lambda item: -item[1])[:10]:
         lines.append(f"  {seconds:8.1f} s  {nodeid}")
+    if cpu:
+        lines += ["", "timing: the ten tests that used the most CPU"]
+        for nodeid, seconds in sorted(cpu.items(), key=lambda item: -item[1])[:10]:
+            lines.append(f"  {seconds:8.1f} s  {nodeid}")
     spans = spans_by_test(reports)
     if spans:
         # the tail: what still ran while the other workers had nothing left, and when it started

@@ -102,8 +102,10 @@ RSpec.describe "retention of completed records" do
 
   # Each task on a database it cannot reach (nothing listens on the port): one line, exit status 2, no backtrace.
   it "runs every person's task to one line when the database cannot be reached", unless: HOST_APP do
-    port = TCPServer.open("127.0.0.1", 0) { |server| server.addr[1] }
-    env = { "DATABASE_URL" => "postgresql://nobody@127.0.0.1:#{port}/down" }
+    # a port bound and never listened on refuses every connection, and no other process can take it meanwhile
+    closed = Socket.new(:INET, :STREAM)
+    closed.bind(Addrinfo.tcp("127.0.0.1", 0))
+    env = { "DATABASE_URL" => "postgresql://nobody@127.0.0.1:#{closed.local_address.ip_port}/down" }
     %w[status sweep held:list held:resolutions].each do |name|
       task = "{{ c.project_slug }}:#{name}"
       out, err, status = Open3.capture3(env, RbConfig.ruby, "-S", "rake", task, chdir: File.join(__dir__, ".."))
@@ -112,5 +114,7 @@ RSpec.describe "retention of completed records" do
       expect(err.lines.size).to eq(1), err
       expect(err).to start_with("#{task}: the database cannot be reached (")
     end
+  ensure
+    closed&.close
   end
 end

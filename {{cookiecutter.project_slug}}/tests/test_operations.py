@@ -437,12 +437,13 @@ def test_a_command_on_a_database_not_migrated_says_so_in_one_line(command: list[
 )
 def test_a_command_while_the_database_cannot_be_reached_says_so_in_one_line(command: list[str]) -> None:
     """The server down (nothing listens on its port): one line that names it and what to do, no traceback."""
+    # a port bound and never listened on refuses every connection, and no other process can take it meanwhile
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]  # nothing listens on it: the socket never listens, and is closed after
-    env = {**os.environ, "DATABASE_URL": f"postgresql://nobody@127.0.0.1:{port}/down", "PYTHONPATH": KIT_PYTHONPATH}
-    argv = [sys.executable, "-m", operations.__name__, *command]
-    ran = subprocess.run(argv, cwd=KIT_ROOT, env=env, capture_output=True, text=True, timeout=60)
+        port = closed.getsockname()[1]
+        env = {**os.environ, "DATABASE_URL": f"postgresql://nobody@127.0.0.1:{port}/down", "PYTHONPATH": KIT_PYTHONPATH}
+        argv = [sys.executable, "-m", operations.__name__, *command]
+        ran = subprocess.run(argv, cwd=KIT_ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert ran.returncode == 2, ran.stdout + ran.stderr
     assert ran.stdout == ""
     (line,) = ran.stderr.splitlines()
