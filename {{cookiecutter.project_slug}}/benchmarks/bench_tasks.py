@@ -64,10 +64,14 @@ def broker_name(celery: Any = app) -> str:
 
 
 def drop_queue(celery: Any = app) -> None:
-    """Removes the benchmark's queue (the app's default queue, named by CELERY_QUEUE) and what is left in it."""
+    """Removes the benchmark's queue (the app's default queue, named by CELERY_QUEUE), what is left in it, and its
+    exchange: on Redis, kombu's binding tables; on RabbitMQ, the exchange Celery declared for it."""
     queue = celery.amqp.queues[celery.conf.task_default_queue]
     with celery.connection_for_write() as connection:
-        queue(connection.default_channel).delete()
+        bound = queue(connection.default_channel)
+        bound.declare()  # so that this channel knows the bindings it deletes (kombu's Redis keeps them otherwise)
+        bound.delete()
+        bound.exchange.delete()
 
 
 __all__ = ["app"]
