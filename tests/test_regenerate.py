@@ -3,9 +3,9 @@
 For each queue system with a kit, the four policies changed in a ring (hold -> resend -> skip -> lookup ->
 hold: each policy once before a change and once after it; the update works the same for every pair), plus one
 change of the lease, under copier (`copier update`); and each change under cookiecutter (cruft's update) on one
-queue system, the queue systems in turn (regenerations): generate, commit,
-edit the effect file as a user would, regenerate with the new answer, then check that POLICY.md and the suite's
-table state the new expectations, the edit is still there, and the kit is the one the new answers generate. After
+queue system, the queue systems in turn (regenerations): generate, commit, edit the effect file as a user would,
+regenerate with the new answer, then check that POLICY.md and the suite's table state the new expectations, the
+edit is still there, and the kit is the one the new answers generate. After
 the lease change (a lease no combination of test_kits has) the kit's embedded suite runs too, on copier's kit.
 """
 
