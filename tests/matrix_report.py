@@ -48,7 +48,14 @@ def column(mode: str, variant: str | None, stack: str) -> str:
 
 
 def record(
-    combo: dict[str, str], mode: str, variant: str | None, stack: str, seconds: float, passed: bool, kit: Path
+    combo: dict[str, str],
+    mode: str,
+    variant: str | None,
+    stack: str,
+    seconds: float,
+    passed: bool,
+    kit: Path,
+    cpu_seconds: float | None = None,
 ) -> None:
     """One suite's outcome: its reports copied here, a line in the results, the page rendered again."""
     name = f"{combo_id(combo)}-{column(mode, variant, stack).replace(' ', '-')}"
@@ -62,6 +69,7 @@ def record(
         "combo": combo,
         "column": column(mode, variant, stack),
         "seconds": round(seconds, 1),
+        "cpu_seconds": None if cpu_seconds is None else round(cpu_seconds, 1),
         "passed": passed,
         "report": f"{name}/replay-report.html" if (folder / "replay-report.html").exists() else None,
     }
@@ -71,7 +79,7 @@ def record(
 
 
 def results() -> list[dict[str, Any]]:
-    """The suites recorded so far in this run, one dict each (combo, column, seconds, passed, report)."""
+    """The suites recorded so far in this run, one dict each (combo, column, seconds, cpu_seconds, passed, report)."""
     return [json.loads(line) for line in results_file().read_text().splitlines()] if results_file().exists() else []
 
 

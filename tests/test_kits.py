@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -186,6 +187,12 @@ def run_suite(
     return subprocess.run(argv, cwd=kit, env=env, capture_output=True, text=True, timeout=900)
 
 
+def children_cpu() -> float:
+    """The CPU seconds of every process this one has waited for: a suite's, with its workers and commands."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
 def run_name(request: pytest.FixtureRequest) -> str:
     """A short name for this test that no other test of the run shares, for what it creates."""
     return hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:12]
@@ -249,10 +256,10 @@ def test_kit_suite_proves_the_policy(
         # a second Python's few runs are whole: nothing of theirs is proven elsewhere on that Python
         second_python = language == "python" and stack != stacks.PYTHON_STACKS[0]
         left_out = set() if second_python else proven_elsewhere(kit, combo, first_variant, tmp_path / "leader")
-        started = time.monotonic()
+        started, cpu_before = time.monotonic(), children_cpu()
         result = run_suite(kit, language, stack, env, suite_argv(kit, language, left_out))
-        seconds = time.monotonic() - started
-        matrix_report.record(combo, mode, variant, stack, seconds, result.returncode == 0, kit)
+        seconds, cpu = time.monotonic() - started, children_cpu() - cpu_before
+        matrix_report.record(combo, mode, variant, stack, seconds, result.returncode == 0, kit, cpu)
         assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
         # nothing skipped or pending: what a mode cannot run is left out of it, and said in the kit's README
         assert not re.search(r"\d+ (skipped|pending)", result.stdout), result.stdout[-3000:]

@@ -53,15 +53,20 @@ def table(reports: Iterable[Any], suites: list[dict[str, Any]]) -> str:
     lines.append(f"  {'all':<32}{len(tests):>7}{sum(tests.values()):>10.0f}{'':>10}{sum(cpu.values()):>8.0f}")
     if suites:
         lines += ["", "timing: kit suites (test_kits) against their targets, under this run's load"]
-        lines.append(f"  {'suite':<34}{'runs':>6}{'median':>9}{'longest':>9}{'target':>8}{'over':>6}")
-        grouped: dict[str, list[float]] = defaultdict(list)
+        lines.append(
+            f"  {'suite':<34}{'runs':>6}{'median':>9}{'longest':>9}{'target':>8}{'over':>6}{'cpu':>8}{'cpu all':>9}"
+        )
+        grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for suite in suites:
-            grouped[f"{suite['combo']['queue_system']} {suite['column']}"].append(suite["seconds"])
-        for name, times in sorted(grouped.items()):
+            grouped[f"{suite['combo']['queue_system']} {suite['column']}"].append(suite)
+        for name, runs in sorted(grouped.items()):
+            times = [run["seconds"] for run in runs]
+            suite_cpu = [run.get("cpu_seconds") or 0.0 for run in runs]  # a suite's, median; the group's, summed
             target = SUITE_TARGETS[name.split()[1]]
             over = sum(seconds > target for seconds in times)
             lines.append(
                 f"  {name:<34}{len(times):>6}{statistics.median(times):>9.1f}{max(times):>9.1f}{target:>8.0f}{over:>6}"
+                f"{statistics.median(suite_cpu):>8.1f}{sum(suite_cpu):>9.0f}"
             )
     lines += ["", "timing: the ten slowest tests"]
     for nodeid, seconds in sorted(tests.items(), key=lambda item: -item[1])[:10]:

@@ -45,6 +45,8 @@ from celery.worker import state as worker_state
 from crash_points import PauseOrders, die, with_crash_point
 from driving import Delivery, Run
 
+from {{ slug }}_proof.processes import Forked
+
 KIT_ROOT = Path(__file__).resolve().parents[1]
 LIVE = bool(os.environ.get("DATABASE_URL"))
 HOST_APP = os.environ.get("REPLAY_HOST_APP")
@@ -204,7 +206,7 @@ class LiveDriver(CeleryDriver):
         self.env = env
         self.workdir = workdir
         self.orders = PauseOrders(workdir)
-        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.workers: dict[str, Forked] = {}
         self._started = 0
         self._dead_task_id: str | None = None
         self._held_back = False
@@ -213,14 +215,8 @@ class LiveDriver(CeleryDriver):
         """One more worker process, with the suite's options or others (a prefork pool); its name."""
         self._started += 1
         name = f"replay{self._started}"
-        log = (self.workdir / f"{name}.log").open("wb")
-        self.workers[name] = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "celery_live_worker", "worker", "-n", f"{name}@%h", *options],
-            cwd=KIT_ROOT,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        argv = [sys.executable, "-m", "celery", "-A", "celery_live_worker", "worker", "-n", f"{name}@%h", *options]
+        self.workers[name] = Forked(argv, self.env, KIT_ROOT, self.workdir / f"{name}.log")
         return name
 
     def stop_worker(self, name: str) -> None:
@@ -332,7 +328,7 @@ class LiveDriver(CeleryDriver):
             return int(queue.queue_declare().message_count)
 
 
-def stop_processes(workers: list[subprocess.Popen[bytes]]) -> None:
+def stop_processes(workers: list[Forked]) -> None:
     """A warm shutdown, or SIGKILL for a worker still running after 15 s (a run that hangs)."""
     for worker in workers:
         worker.terminate()

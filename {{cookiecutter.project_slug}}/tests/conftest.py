@@ -14,12 +14,12 @@ suite only (SQLite has no server to lose), so embedded they are not collected at
 
 from __future__ import annotations
 
+import contextlib
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from alembic import command
@@ -29,7 +29,14 @@ from sinks import Effects
 from sqlalchemy import Engine, text
 
 from {{ cookiecutter.project_slug }} import settings
-from {{ cookiecutter.project_slug }}.claims import RESOLUTIONS_TABLE, default_store, fingerprint
+from {{ cookiecutter.project_slug }}.claims import (
+    RESOLUTIONS_TABLE,
+    ClaimStore,
+    connect,
+    default_store,
+    fingerprint,
+    use_default_store,
+)
 
 # the queue's driver, and the reports written after every run (replay_reports.py)
 pytest_plugins = ["{{ q }}_driver", "replay_reports"]
@@ -85,10 +92,26 @@ def database_at(tmp_path: Path, revision: str | None) -> str:
     """The URL of a new SQLite database migrated up to `revision` (None: not at all), as `alembic upgrade` does."""
     url = f"sqlite:///{tmp_path / 'not-migrated.sqlite3'}"
     if revision:
-        env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(KIT_ROOT / "src")}
-        argv = [sys.executable, "-m", "alembic", "upgrade", revision]
-        subprocess.run(argv, cwd=KIT_ROOT, env=env, check=True, capture_output=True, timeout=60)
+        config = Config(str(KIT_ROOT / "alembic.ini"))
+        config.attributes["configure_logger"] = False
+        with mock.patch.dict(os.environ, {"DATABASE_URL": url}):
+            command.upgrade(config, revision)
     return url
+
+
+@contextlib.contextmanager
+def store_on(url: str) -> Iterator[ClaimStore]:
+    """The kit's store on the database at `url` for this process (default_store), as a command started with
+    DATABASE_URL=url has it; then the suite's store again."""
+    suite_store = default_store()
+    with mock.patch.dict(os.environ, {"DATABASE_URL": url}):  # read as a command reads it (settings.database_url)
+        store = ClaimStore(connect())
+    use_default_store(lambda: store)
+    try:
+        yield store
+    finally:
+        use_default_store(lambda: suite_store)
+        store.engine.dispose()
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ test_faults_external_effect.py or test_faults_same_database.py."""
 from __future__ import annotations
 
 import contextlib
-import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -78,9 +78,13 @@ def frozen_worker(driver: LiveWorkers) -> int:
 
 
 def stopped(pid: int) -> bool:
-    """Whether the worker, a child of this process, has stopped (its stop is reported once, and not reaped)."""
-    waited, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
-    return waited == pid and os.WIFSTOPPED(status)
+    """Whether the worker has stopped (SIGSTOP): its state, T, as the kernel (/proc) or else `ps` shows it."""
+    stat = Path(f"/proc/{pid}/stat")
+    if Path("/proc/self/stat").exists():  # Linux
+        state = stat.read_text().rsplit(")", 1)[1].split()[0] if stat.exists() else ""
+    else:  # macOS
+        state = subprocess.run(["ps", "-o", "state=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
+    return state.startswith("T")
 
 
 def final_run(driver: LiveWorkers, message: str, pid: int | None = None) -> Callable[[], Run | None]:

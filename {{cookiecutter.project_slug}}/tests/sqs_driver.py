@@ -51,6 +51,7 @@ from {{ slug }}.claims import ClaimStore
 from {{ slug }}.consumer import Consumer, Settled, create_queues, make_body, sqs_client
 from {{ slug }}.job import Perform
 from {{ slug }}.lambda_handler import BatchHandler, sweep_handler
+from {{ slug }}_proof.processes import Forked
 
 KIT_ROOT = Path(__file__).resolve().parents[1]
 LIVE = bool(os.environ.get("DATABASE_URL"))
@@ -342,20 +343,14 @@ class LiveDriver(SqsDriver):
         self.env = env
         self.workdir = workdir
         self.orders = PauseOrders(workdir)
-        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.workers: dict[str, Forked] = {}
         self._started = 0
 
     def start_worker(self) -> None:
         self._started += 1
         name = f"consumer{self._started}"
-        log = (self.workdir / f"{name}.log").open("wb")
-        self.workers[name] = subprocess.Popen(
-            [sys.executable, "-m", self.worker_module],
-            cwd=KIT_ROOT,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        argv = [sys.executable, "-m", self.worker_module]
+        self.workers[name] = Forked(argv, self.env, KIT_ROOT, self.workdir / f"{name}.log")
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

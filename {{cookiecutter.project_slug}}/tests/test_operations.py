@@ -11,12 +11,13 @@ import shlex
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 from unittest.mock import ANY
 
 import pytest
-from conftest import KIT_PYTHONPATH, KIT_ROOT, TABLE, Records, database_at
+from conftest import KIT_PYTHONPATH, KIT_ROOT, TABLE, Records, database_at, store_on
 from driving import Driver
 from sinks import Effects
 from sqlalchemy import Connection, Engine, create_engine, text
@@ -415,18 +416,42 @@ def test_the_migration_matches_schema_sql(engine: Engine) -> None:
     assert migrated == from_schema_sql
 
 
+def command_on(
+    url: str, command: list[str], capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> str:
+    """A person's command on the database at `url`, run here as `python -m ... operations` runs it (main): it exits
+    2, prints nothing, and logs nothing; the one line it wrote to standard error."""
+    capsys.readouterr()
+    caplog.set_level(logging.INFO)  # what `python -m ... operations` would print (main's logging.basicConfig)
+    with store_on(url):
+        assert main(command) == 2
+    out, err = capsys.readouterr()
+    logged = [record for record in caplog.records if record.thread == threading.get_ident()]  # not a server's
+    assert (out, logged) == ("", []), out + caplog.text
+    (line,) = err.splitlines()
+    return line
+
+
 @pytest.mark.embedded_only
 @pytest.mark.parametrize("command", [["send", KEY], ["held"], ["status"], ["sweep"]], ids=lambda argv: argv[0])
-def test_a_command_on_a_database_not_migrated_says_so_in_one_line(command: list[str], tmp_path: Any) -> None:
+def test_a_command_on_a_database_not_migrated_says_so_in_one_line(
+    command: list[str], tmp_path: Any, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     """Run before the migration, a person's command names what to do, and sends nothing (its record comes first)."""
-    env = {**os.environ, "DATABASE_URL": database_at(tmp_path, None), "PYTHONPATH": KIT_PYTHONPATH}
-    argv = [sys.executable, "-m", operations.__name__, *command]
-    ran = subprocess.run(argv, cwd=KIT_ROOT, env=env, capture_output=True, text=True, timeout=60)
-    assert ran.returncode == 2, ran.stdout + ran.stderr
-    assert ran.stdout == ""
-    (line,) = ran.stderr.splitlines()
+    line = command_on(database_at(tmp_path, None), command, capsys, caplog)
     assert line.startswith(f"{operations.PROG} {command[0]}: ")
     assert "run the kit's migration" in line
+
+
+def refusing_port() -> socket.socket:
+    """A port bound and never listened on: it refuses every connection, and no other process can take it meanwhile."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    return closed
+
+
+def unreachable_url(closed: socket.socket) -> str:
+    return f"postgresql://nobody@127.0.0.1:{closed.getsockname()[1]}/down"
 
 
 @pytest.mark.embedded_only
@@ -435,17 +460,23 @@ def test_a_command_on_a_database_not_migrated_says_so_in_one_line(command: list[
     [["send", KEY], ["held"], ["status"], ["sweep"], ["resolve", KEY, "--done", "--by", "alice", "--why", "checked"]],
     ids=lambda argv: argv[0],
 )
-def test_a_command_while_the_database_cannot_be_reached_says_so_in_one_line(command: list[str]) -> None:
+def test_a_command_while_the_database_cannot_be_reached_says_so_in_one_line(
+    command: list[str], capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     """The server down (nothing listens on its port): one line that names it and what to do, no traceback."""
-    # a port bound and never listened on refuses every connection, and no other process can take it meanwhile
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
-        env = {**os.environ, "DATABASE_URL": f"postgresql://nobody@127.0.0.1:{port}/down", "PYTHONPATH": KIT_PYTHONPATH}
-        argv = [sys.executable, "-m", operations.__name__, *command]
-        ran = subprocess.run(argv, cwd=KIT_ROOT, env=env, capture_output=True, text=True, timeout=60)
-    assert ran.returncode == 2, ran.stdout + ran.stderr
-    assert ran.stdout == ""
-    (line,) = ran.stderr.splitlines()
+    with refusing_port() as closed:
+        line = command_on(unreachable_url(closed), command, capsys, caplog)
     assert line.startswith(f"{operations.PROG} {command[0]}: the database cannot be reached (")
     assert "run it again when it answers" in line and "Connection refused" in line
+
+
+@pytest.mark.embedded_only
+def test_a_command_run_as_a_module_while_the_database_cannot_be_reached_prints_one_line() -> None:
+    """The same, in a process of its own: exit status 2 and one line, nothing else from the interpreter or logging."""
+    with refusing_port() as closed:
+        env = {**os.environ, "DATABASE_URL": unreachable_url(closed), "PYTHONPATH": KIT_PYTHONPATH}
+        argv = [sys.executable, "-m", operations.__name__, "status"]
+        ran = subprocess.run(argv, cwd=KIT_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert (ran.returncode, ran.stdout) == (2, ""), ran.stdout + ran.stderr
+    (line,) = ran.stderr.splitlines()
+    assert line.startswith(f"{operations.PROG} status: the database cannot be reached (")

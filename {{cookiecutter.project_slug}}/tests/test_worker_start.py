@@ -1,8 +1,10 @@
 {%- set slug = cookiecutter.project_slug -%}
 """A worker that would run the kit's task against the guarantee refuses to start, with one line.
 
-Real `celery worker` processes on an existing app of a host (host_celery_app.py), each given one contradiction,
-on Redis or on RabbitMQ. The worker refuses before it connects to the broker, so none is needed.
+Real `celery worker` processes on an existing app of a host (host_celery_app.py): one given a contradiction, one
+started before the migration, one that keeps the guarantee. The worker refuses before it connects to the broker,
+so none is needed. Every other contradiction, on Redis or on RabbitMQ, and every database the kit cannot use, goes
+through the same check (worker_init's handler) in this process.
 """
 
 from __future__ import annotations
@@ -13,14 +15,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from celery import Celery
-from conftest import KIT_ROOT, UNUSABLE_DATABASES, database_at
+from conftest import KIT_ROOT, UNUSABLE_DATABASES, database_at, store_on
 
 from {{ slug }} import settings
-from {{ slug }}.tasks import TASK_NAME, guarantee_problem
+from {{ slug }}.tasks import TASK_NAME, guarantee_problem, refuse_to_start_against_the_guarantee
 
 # workers that refuse before they reach the broker or PostgreSQL: run by the embedded suite only
 pytestmark = pytest.mark.embedded_only
@@ -46,13 +49,33 @@ def worker(conf: dict[str, Any], log: Path, settings_env: dict[str, str] | None 
     return subprocess.Popen(argv, cwd=KIT_ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
+def refusal(conf: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> str:
+    """The line that the check a worker runs at its start (worker_init) exits with, run in this process for a host
+    app configured with `conf`: the same check, without a process's start for each contradiction (a real worker's
+    refusal is proven by the tests that start one)."""
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)  # Celery would take it over the app's own broker_url
+    app = Celery("host", include=["{{ slug }}.tasks"])
+    app.conf.update(conf)
+    app.loader.import_default_modules()
+    worker = SimpleNamespace(app=app, prefetch_multiplier=app.conf.worker_prefetch_multiplier)
+    with pytest.raises(SystemExit) as exited:
+        refuse_to_start_against_the_guarantee(sender=worker)
+    return str(exited.value.code)
+
+
+REFUSING = "{{ slug }}: refusing to start the worker: "
+
+
+def test_a_worker_against_the_guarantee_refuses_to_start_with_one_line(tmp_path: Path) -> None:
+    """A real worker, its prefetch multiplier (which the worker computes from its options) against the guarantee."""
+    log = tmp_path / "worker.log"
+    line = "worker_prefetch_multiplier is 4; it must be 1"
+    assert_refuses(worker(GOOD | {"worker_prefetch_multiplier": 4}, log), log, line)
+
+
 @pytest.mark.parametrize(
     ("contradiction", "line"),
     [
-        (
-            {"worker_prefetch_multiplier": 4},
-            "worker_prefetch_multiplier is 4; it must be 1",
-        ),
         (
             {"task_annotations": {TASK_NAME: {"acks_late": False}}},
             f"{TASK_NAME} has acks_late=False (task_annotations?); it must be True",
@@ -72,26 +95,26 @@ def worker(conf: dict[str, Any], log: Path, settings_env: dict[str, str] | None 
             f" the lease, {LEASE} s",
         ),
     ],
-    ids=["prefetch", "acks_late", "reject_on_worker_lost", "time_limit", "visibility_timeout"],
+    ids=["acks_late", "reject_on_worker_lost", "time_limit", "visibility_timeout"],
 )
-def test_a_worker_against_the_guarantee_refuses_to_start_with_one_line(
-    tmp_path: Path, contradiction: dict[str, Any], line: str
+def test_each_contradiction_of_the_guarantee_is_refused(
+    contradiction: dict[str, Any], line: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    log = tmp_path / "worker.log"
-    assert_refuses(worker(GOOD | contradiction, log), log, line)
+    assert refusal(GOOD | contradiction, monkeypatch).startswith(REFUSING + line)
 
 
-def test_a_worker_on_rabbitmq_whose_consumer_timeout_a_lease_outlasts_refuses_to_start(tmp_path: Path) -> None:
+def test_a_worker_on_rabbitmq_whose_consumer_timeout_a_lease_outlasts_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """RabbitMQ closes the channel of a delivery unacknowledged longer than its consumer_timeout: a task that waits
     for the end of a lease (a countdown held by the worker) must fit in it."""
-    log = tmp_path / "worker.log"
+    monkeypatch.setenv("CELERY_RABBITMQ_CONSUMER_TIMEOUT", str(LEASE))
     on_rabbitmq = GOOD | {"broker_url": "amqp://guest:guest@127.0.0.1:1//"}
-    process = worker(on_rabbitmq, log, {"CELERY_RABBITMQ_CONSUMER_TIMEOUT": str(LEASE)})
     line = (
         f"RabbitMQ's consumer_timeout is {LEASE} s (CELERY_RABBITMQ_CONSUMER_TIMEOUT, default RabbitMQ's 1800 s);"
         f" it must be longer than the lease, {LEASE} s"
     )
-    assert_refuses(process, log, line)
+    assert refusal(on_rabbitmq, monkeypatch).startswith(REFUSING + line)
 
 
 def assert_refuses(process: subprocess.Popen[bytes], log: Path, line: str) -> None:
@@ -100,18 +123,23 @@ def assert_refuses(process: subprocess.Popen[bytes], log: Path, line: str) -> No
     refusals = [text for text in output.splitlines() if "refusing" in text]
     # one line, the last, and no traceback (a warning of Celery's own, e.g. about running as root, may precede it)
     assert refusals == [output.splitlines()[-1]] and "Traceback" not in output, output
-    assert refusals[0].startswith("{{ slug }}: refusing to start the worker: " + line), refusals[0]
+    assert refusals[0].startswith(REFUSING + line), refusals[0]
+
+
+def test_a_worker_started_before_the_migration_refuses_to_start_with_one_line(tmp_path: Path) -> None:
+    """A worker started before the migration takes no message (one it took would fail on the missing table): its
+    messages wait in the queue for a worker started after it."""
+    log = tmp_path / "worker.log"
+    line = UNUSABLE_DATABASES[0].values[1]
+    assert_refuses(worker(GOOD, log, {"DATABASE_URL": database_at(tmp_path, None)}), log, line)
 
 
 @pytest.mark.parametrize(("revision", "line"), UNUSABLE_DATABASES)
-def test_a_worker_on_a_database_the_kit_cannot_use_refuses_to_start_with_one_line(
-    tmp_path: Path, revision: str | None, line: str
+def test_a_worker_on_a_database_the_kit_cannot_use_is_refused(
+    tmp_path: Path, revision: str | None, line: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A worker started before the migration takes no message (one it took would fail on the missing table): its
-    messages wait in the queue for a worker started after it."""
-    url = database_at(tmp_path, revision)
-    log = tmp_path / "worker.log"
-    assert_refuses(worker(GOOD, log, {"DATABASE_URL": url}), log, line)
+    with store_on(database_at(tmp_path, revision)):
+        assert refusal(GOOD, monkeypatch).startswith(REFUSING + line)
 
 
 def test_a_worker_that_keeps_the_guarantee_starts_and_runs_the_kits_tasks(tmp_path: Path) -> None:

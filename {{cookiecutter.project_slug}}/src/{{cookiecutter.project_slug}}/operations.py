@@ -40,7 +40,7 @@ from typing import Any
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from . import producer, settings, telemetry
+from . import settings, telemetry
 from .claims import (
     BadMessage,
     ClaimStore,
@@ -94,7 +94,9 @@ def parse_send(key: str, details: str) -> tuple[str, dict[str, Any]]:
 def send(key: str, details: dict[str, Any]) -> str:
     """Sends one operation as the app does, through the producer: its record queued, then its message; the id the
     queue gave the message."""
-    return str(producer.enqueue(key, details))
+    from .producer import enqueue  # here: only the commands that send need the queue's client
+
+    return str(enqueue(key, details))
 
 
 def redelivery_window() -> tuple[int, str]:
@@ -245,7 +247,9 @@ def run(args: argparse.Namespace) -> int:
         except BadInput as error:
             print(f"{args.prog} send: {error}; nothing sent", file=sys.stderr)
             return 2
-        print(f"sent {settings.JOB_TYPE} {key} to the queue {producer.queue()}: message {send(key, details)}")
+        from .producer import queue
+
+        print(f"sent {settings.JOB_TYPE} {key} to the queue {queue()}: message {send(key, details)}")
         return 0
     if args.command == "retain":
         window, made_of = redelivery_window()
@@ -313,7 +317,9 @@ def resolve(store: ClaimStore, key: str, *, done: bool, by: str, why: str, resol
     if done:
         return f"{key}: completed by {by} (was {resolution.status_before})"
     # queued again: its message goes now (if sending fails, the sweeper sends it after the re-send time)
-    message = producer.publish(key, resolution.details)
+    from .producer import publish
+
+    message = publish(key, resolution.details)
     return f"{key}: released for one more attempt by {by}; sent again: message {message}"
 
 
