@@ -113,7 +113,7 @@ LOST_AFTER = 30.0
 # Keys sent ahead of the workers, at most: the queue never runs dry, and never grows so long that the broker
 # slows down with it (moto's SQS looks at every message of the queue, and computes the queue's attributes, on each
 # receive: 40 ahead instead of 200 halves the time and CPU of a short soak there).
-BACKLOG = {{ soak_facts.backlog[cookiecutter.queue_system] }}
+BACKLOG = {{ soak_facts.backlog.get(cookiecutter.queue_system) }}
 # Seconds a worker has to stop after SIGTERM, once its message in hand is done; then SIGKILL.
 STOP_SECONDS = 5.0
 # How a key may end under this policy: completed, or as the policy leaves a stale claim (with a note saying why).
