@@ -102,8 +102,8 @@ RSpec.describe "failed operations and the status of {{ c.job_type }}" do
 
   # Left out inside a host app (REPLAY_HOST_APP), which runs its own rake.
   describe "the status task", unless: HOST_APP do
-    # `rake {{ c.project_slug }}:status` as a monitor runs it: its output and exit status. The task of the kit's
-    # Rakefile, run in this process (its `rake` process is run by the retention examples and the README's).
+    # `rake {{ c.project_slug }}:status` as a monitor runs it: its output and exit status. The task of the
+    # kit's Rakefile, run in this process (its `rake` process is run by the retention examples and the README's).
     def status
       task = status_task
       task.reenable
