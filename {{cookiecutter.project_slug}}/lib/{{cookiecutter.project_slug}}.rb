@@ -45,6 +45,14 @@ module {{ mod }}
   # Sidekiq's threads start their first jobs together: one of them connects, the others wait for its pool.
   CONNECTING = Mutex.new
 
+  # Redis did not take a message (down, restarting, the network): a record written before it stays queued, and the
+  # sweeper sends it again after the re-send time. The message says what to check.
+  class QueueUnreachable < StandardError; end
+
+  # How Sidekiq's Redis client says that Redis cannot be reached: redis-rb's (Sidekiq 6), redis-client's (7 and 8).
+  REDIS_UNREACHABLE = [(Redis::BaseConnectionError if defined?(Redis::BaseConnectionError)),
+                       (RedisClient::ConnectionError if defined?(RedisClient::ConnectionError))].compact.freeze
+
   class << self
     # The app's connection pool when the app has one (Rails, or any host that connected ActiveRecord): the
     # kit never replaces it. Only when nothing is connected (the kit on its own) does the kit connect, once:
@@ -109,6 +117,25 @@ module {{ mod }}
       else
         connection.add_transaction_record(AfterCommit.new(block))
       end
+    end
+
+    # Runs the block that pushes to Redis: Redis unreachable raises QueueUnreachable, in one line.
+    def talking_to_the_queue
+      yield
+    rescue *REDIS_UNREACHABLE => e
+      raise QueueUnreachable, "Redis cannot be reached (#{e.message.lines.first.to_s.strip[0, 300]}): " \
+                              "check that it runs where REDIS_URL points"
+    end
+
+    # QueueUnreachable unless Redis answers now: a person's enqueue asks before it writes the record.
+    def check_queue
+      talking_to_the_queue { Sidekiq.redis(&:ping) }
+    end
+
+    # What became of a record whose message Redis did not take.
+    def queued_for_the_sweeper
+      "its record is queued: the sweeper sends it again after #{resend_queued_after} s " \
+        "(`rake {{ c.project_slug }}:status` shows it)"
     end
 
     def claims

@@ -3,6 +3,9 @@
 {%- set mod = c.project_slug.split("_")|map("capitalize")|join -%}
 # frozen_string_literal: true
 
+require "open3"
+require "socket"
+
 # The paths around the seven cases: a conflicting payload, an effect that fails, the sweeper with nothing to
 # do, and a person resolving a held operation. They call the job in this process, on the suite's database.
 RSpec.describe "{{ c.job_type }} operations" do
@@ -133,6 +136,40 @@ RSpec.describe "{{ c.job_type }} operations" do
       expect(rows.map { |row| row.split("\t").values_at(0, 2..) })
         .to eq([[key, "bob", me, role, "held -> queued", "the provider never got it"]])
       expect(count).to eq("1 resolutions")
+    end
+
+    # The person's tasks that push, with Redis down (nothing listens on its port): one line each, and nothing
+    # lost: a send records nothing, a release and a sweep leave the record queued for the next sweep.
+    it "says in one line when Redis cannot be reached, and leaves each record as the line says", if: !LIVE do
+      closed = Socket.new(:INET, :STREAM)
+      closed.bind(Addrinfo.tcp("127.0.0.1", 0))
+      env = { "REDIS_URL" => "redis://127.0.0.1:#{closed.local_address.ip_port}/0" }
+      rake = lambda do |task, *args|
+        Open3.capture3(env, RbConfig.ruby, "-S", "rake", "{{ c.project_slug }}:#{task}", *args,
+                       chdir: File.join(__dir__, ".."))
+      end
+      unreachable = /Redis cannot be reached \(.*refused.*\): check that it runs where REDIS_URL points; /i
+      status_task = "`rake {{ c.project_slug }}:status`"
+      later = "not sent now (Redis cannot be reached): its record is queued: the sweeper sends it again after " \
+              "#{kit.resend_queued_after} s (#{status_task} shows it)"
+
+      _, err, status = rake.call("enqueue", "KEY=NEW-1") # (Sidekiq 7 and later log their connecting on stdout)
+      expect([status.exitstatus, err.lines.size]).to eq([2, 1]), err
+      expect(err).to match(/\A\S+:enqueue: #{unreachable}nothing sent, nothing recorded\n\z/)
+      expect(record("NEW-1")).to eq("none")
+
+      out, err, status = rake.call("held:resolve", "KEY=#{key}", "DONE=no", "BY=bob", "WHY=again")
+      expect(status).to be_success, err
+      expect(out.lines.last).to eq("#{kit::JOB_TYPE} #{key}: queued, #{later}\n")
+      expect(record(key)).to eq("queued")
+
+      age_past_lease(key) # past the re-send time (the lease)
+      _, err, status = rake.call("sweep")
+      expect([status.exitstatus, err.lines.size]).to eq([2, 1]), err
+      expect(err).to match(/\A\S+:sweep: #{unreachable}#{status_task} shows what is queued\n\z/)
+      expect(record(key)).to eq("queued")
+    ensure
+      closed&.close
     end
 
     it "refuses to resolve a key that is not held, or without who and why" do

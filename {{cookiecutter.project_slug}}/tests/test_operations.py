@@ -1,3 +1,4 @@
+{%- set celery = cookiecutter.queue_system == "celery" -%}
 """The producer and the commands (send, status, held, resolve, retain), and the migration against schema.sql: the
 same under every policy (what the policy does, by the sweeper and in the try-out, is in test_sweeper.py)."""
 
@@ -13,10 +14,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 from unittest.mock import ANY
 
 import pytest
+{%- if celery %}
+from celery import Celery
+{%- endif %}
 from conftest import KIT_PYTHONPATH, KIT_ROOT, TABLE, Records, database_at, store_on
 from driving import Driver
 from sinks import Effects
@@ -419,12 +424,19 @@ def test_the_migration_matches_schema_sql(engine: Engine) -> None:
 def command_on(
     url: str, command: list[str], capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> str:
-    """A person's command on the database at `url`, run here as `python -m ... operations` runs it (main): it exits
-    2, prints nothing, and logs nothing; the one line it wrote to standard error."""
+    """A person's command on the database at `url`, refused (refused_in_one_line)."""
+    with store_on(url):
+        return refused_in_one_line(command, capsys, caplog)
+
+
+def refused_in_one_line(
+    command: list[str], capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> str:
+    """A person's command, run here as `python -m ... operations` runs it (main): it exits 2, prints nothing, and
+    logs nothing; the one line it wrote to standard error."""
     capsys.readouterr()
     caplog.set_level(logging.INFO)  # what `python -m ... operations` would print (main's logging.basicConfig)
-    with store_on(url):
-        assert main(command) == 2
+    assert main(command) == 2
     out, err = capsys.readouterr()
     logged = [record for record in caplog.records if record.thread == threading.get_ident()]  # not a server's
     assert (out, logged) == ("", []), out + caplog.text
@@ -480,3 +492,110 @@ def test_a_command_run_as_a_module_while_the_database_cannot_be_reached_prints_o
     assert (ran.returncode, ran.stdout) == (2, ""), ran.stdout + ran.stderr
     (line,) = ran.stderr.splitlines()
     assert line.startswith(f"{operations.PROG} status: the database cannot be reached (")
+
+
+@pytest.fixture
+def queue_down(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Nothing listens where the producer sends: the {{ "broker" if celery else "SQS endpoint" }} is down."""
+    with refusing_port() as closed:
+{%- if celery %}
+        down = Celery("down", set_as_current=False)
+        # where the producer sends (CELERY_BROKER_URL, which the suite sets, would win over a broker_url)
+        down.conf.broker_write_url = f"redis://127.0.0.1:{closed.getsockname()[1]}/0"
+        monkeypatch.setattr(producer, "celery_app", lambda: down)
+{%- else %}
+        monkeypatch.setenv("SQS_ENDPOINT_URL", f"http://127.0.0.1:{closed.getsockname()[1]}")
+{%- endif %}
+        yield
+
+
+def the_queue_unreachable(line: str, command: str) -> str:
+    """What the line says after naming the queue that cannot be reached and what to check."""
+    assert line.startswith(f"{operations.PROG} {command}: the queue {producer.queue()} cannot be reached ("), line
+    assert "{{ "CELERY_BROKER_URL" if celery else "AWS_REGION" }}" in line, line
+    return line
+
+
+@pytest.mark.embedded_only
+@pytest.mark.usefixtures("queue_down")
+def test_send_while_the_queue_cannot_be_reached_records_nothing_and_says_so_in_one_line(
+    records: Records, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    line = refused_in_one_line(["send", KEY, "--details", json.dumps(DETAILS)], capsys, caplog)
+    assert the_queue_unreachable(line, "send").endswith("; nothing sent, nothing recorded"), line
+    assert records.status(KEY) == "none"
+{%- if not celery %}
+
+
+@pytest.mark.embedded_only
+def test_send_with_no_aws_region_records_nothing_and_says_so_in_one_line(
+    records: Records,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A first try on a machine with no AWS configuration: the region is the first thing boto3 asks for."""
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))  # no region from ~/.aws/config either
+    line = refused_in_one_line(["send", KEY, "--details", json.dumps(DETAILS)], capsys, caplog)
+    assert "(You must specify a region.)" in the_queue_unreachable(line, "send"), line
+    assert records.status(KEY) == "none"
+{%- endif %}
+
+
+@pytest.mark.embedded_only
+def test_a_message_the_queue_refuses_after_its_record_stays_queued_for_the_sweeper(
+    queue_down: None,
+    records: Records,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The queue answered `send`'s check and went down before the message: the record, written first, stays."""
+    monkeypatch.setattr(producer, "check_queue", lambda: None)
+    line = refused_in_one_line(["send", KEY, "--details", json.dumps(DETAILS)], capsys, caplog)
+    resend = settings.resend_queued_after_seconds()
+    assert the_queue_unreachable(line, "send").endswith(
+        f"; its record is queued: the sweeper sends it again after {resend} s (`status` shows it)"
+    ), line
+    assert records.status(KEY) == "queued"
+
+
+@pytest.mark.embedded_only
+def test_a_release_while_the_queue_cannot_be_reached_is_recorded_and_left_to_the_sweeper(
+    queue_down: None, records: Records, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = default_store()
+    assert store.settle_stale(KEY, records.stale_claim(KEY, DETAILS), "held", "held for the test")
+    assert main(["resolve", KEY, "--release", "--by", "Ann Example", "--why", "one more try"]) == 0
+    (said,) = capsys.readouterr().out.splitlines()
+    assert said.startswith(f"{KEY}: released for one more attempt by Ann Example; not sent now, the queue "), said
+    assert said.endswith(
+        f"the sweeper sends it again after {settings.resend_queued_after_seconds()} s (`status` shows it)"
+    ), said
+    assert (records.status(KEY), records.row(KEY)["resolved_by"]) == ("queued", "Ann Example")
+
+
+@pytest.mark.embedded_only
+def test_a_sweep_while_the_queue_cannot_be_reached_says_so_and_its_next_run_sends(
+    queue_down: None,
+    driver: Driver,
+    effects: Effects,
+    records: Records,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = default_store()
+    assert store.enqueue(KEY, fingerprint(KEY, DETAILS), DETAILS)
+    records.age(KEY)
+    assert main(["sweep"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert the_queue_unreachable(line, "sweep").endswith("; `status` shows what is queued"), line
+    assert records.status(KEY) == "queued"
+    # the queue back: the next sweep after the re-send time sends it, and it is performed once
+    monkeypatch.undo()
+    records.age(KEY)
+    assert driver.sweep() == {"stale": 0, "settled": 0, "resent": 1}
+    until("the worker performed it", lambda: (records.status(KEY), effects.count(KEY)) == ("completed", 1))

@@ -87,7 +87,8 @@ module {{ mod }}
 
     # Runs a rake task's work: a database the task cannot use (the server down or restarting, the table not
     # migrated, a login refused) ends it with one line, "<task>: <cause>: <what to do>", and exit status 2, not a
-    # backtrace. The task's change is one transaction: all of it happened, or none (`held:list` shows which).
+    # backtrace. The task's change is one transaction: all of it happened, or none (`held:list` shows which). So
+    # does Redis unreachable at a sweep's re-send.
     def one_line_on_failure(task)
       yield
     rescue ActiveRecord::ConnectionNotEstablished, ActiveRecord::StatementInvalid => e
@@ -97,6 +98,10 @@ module {{ mod }}
       raise unless needed
 
       warn "#{task.name}: #{needed}"
+      exit 2
+    rescue QueueUnreachable => e
+      # the sweep's re-sends: what it could not send waits, queued, for its next run
+      warn "#{task.name}: #{e.message}; `rake {{ c.project_slug }}:status` shows what is queued"
       exit 2
     end
 

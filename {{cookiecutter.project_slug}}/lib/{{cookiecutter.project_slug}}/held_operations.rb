@@ -70,7 +70,19 @@ module {{ mod }}
       )
       return if done
 
-      {{ job }}.send_again({{ key }}, resolved["details"])
+      {{ job }}.push({{ key }}, resolved["details"])
+    rescue QueueUnreachable => e
+      # decided and recorded: queued again, its message waits for the sweeper
+      {{ mod }}.claims.log(:warn, {{ key }}, "released, not sent now: #{e.message}", outcome: "queued")
+      nil
+    end
+
+    # What a decision did, for the rake task's line and the Web tab's page: `jid` is resolve's answer.
+    def outcome(done, jid)
+      return "marked done" if done
+      return "queued and sent again (jid #{jid})" if jid
+
+      "queued, not sent now (Redis cannot be reached): #{ {{- mod -}} .queued_for_the_sweeper}"
     end
 
     # Every resolution by a person, of one key or of all (nil), oldest first: a line each, then the count.

@@ -52,7 +52,7 @@ module {{ mod }}
       sent = 0
       loop do
         due = {{ mod }}.claims.resend_queued(after: after, limit: batch)
-        due.each { |key, details| {{ job }}.send_again(key, details) }
+        due.each { |key, details| {{ job }}.push(key, details) }
         sent += due.size
         break if due.size < batch || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
       end

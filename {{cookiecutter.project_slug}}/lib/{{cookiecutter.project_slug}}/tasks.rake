@@ -18,6 +18,12 @@ namespace :{{ c.project_slug }} do
         example = Shellwords.escape({{ rb(c.example_key) }})
         abort "KEY is missing: pass the {{ c.operation_key_name }} to enqueue, e.g. KEY=#{example}"
       end
+      begin
+        {{ mod }}.check_queue
+      rescue {{ mod }}::QueueUnreachable => e
+        warn "#{task.name}: #{e.message}; nothing sent, nothing recorded"
+        exit 2
+      end
       jid = {{ mod }}::{{ job }}.enqueue(key)
       # nil: the key has a record already; nothing was written or sent
       if jid
@@ -28,6 +34,10 @@ namespace :{{ c.project_slug }} do
     rescue {{ mod }}::Claims::PayloadConflict,
            {{ mod }}::{{ job }}::BadMessage => e
       abort e.message
+    rescue {{ mod }}::QueueUnreachable => e
+      # Redis went away between the check and the push: the record, written first, stays queued
+      warn "#{task.name}: #{e.message}; #{ {{- mod -}} .queued_for_the_sweeper}"
+      exit 2
     end
   end
 
@@ -91,7 +101,7 @@ namespace :{{ c.project_slug }} do
 
         who, why = ENV.values_at("BY", "WHY")
         jid = {{ mod }}::HeldOperations.resolve(key, done: done, by: who, why: why)
-        puts "{{ c.job_type }} #{key}: #{done ? 'marked done' : "queued and sent again (jid #{jid})"}"
+        puts "{{ c.job_type }} #{key}: #{ {{- mod -}} ::HeldOperations.outcome(done, jid)}"
       rescue ArgumentError => e
         abort e.message
       end

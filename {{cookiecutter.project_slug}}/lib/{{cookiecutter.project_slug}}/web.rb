@@ -91,7 +91,7 @@ module {{ mod }}
         done = form["decision"] == "done"
         jid = HeldOperations.resolve(form["key"].to_s, done: done, by: user, why: form["why"].to_s,
                                                        resolved_as: "sidekiq-web:#{user}")
-        page(action, "#{form['key']}: #{done ? 'marked done' : "queued and sent again (jid #{jid})"} by #{user}")
+        page(action, "#{form['key']}: #{HeldOperations.outcome(done, jid)} by #{user}")
       rescue ArgumentError => e
         page(action, e.message)
       end

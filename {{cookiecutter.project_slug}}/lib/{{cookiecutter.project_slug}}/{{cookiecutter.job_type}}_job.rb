@@ -75,14 +75,17 @@ module {{ mod }}
       end
 
       jid = nil
-      {{ mod }}.after_commit { jid = perform_async({{ key }}, details) }
+      # Redis down: QueueUnreachable, and the record stays queued for the sweeper
+      {{ mod }}.after_commit { jid = push({{ key }}, details) }
       jid
     end
 
-    # Pushes the message of a recorded key again (the sweeper's re-send, a person's release): with the details
-    # its record keeps, or the key alone where it keeps none.
-    def self.send_again({{ key }}, details)
-      details ? perform_async({{ key }}, details) : perform_async({{ key }})
+    # Pushes the message of a recorded key (the send, the sweeper's re-send, a person's release): with the details
+    # its record keeps, or the key alone where it keeps none. QueueUnreachable when Redis cannot be reached.
+    def self.push({{ key }}, details)
+      {{ mod }}.talking_to_the_queue do
+        details ? perform_async({{ key }}, details) : perform_async({{ key }})
+      end
     end
 
     def perform(*args)

@@ -53,6 +53,11 @@ class PayloadConflict(BadMessage):
     """The key is known with another payload: a different operation reusing the key, not a duplicate."""
 
 
+class QueueUnreachable(ConnectionError):
+    """The queue did not take a message: its broker or endpoint cannot be reached, or the settings name none. A
+    record already written stays queued, and the sweeper sends it again after the re-send time."""
+
+
 class ClaimRace(RuntimeError):
     """The record changed between two steps (another run got there first): the queue's retry decides again."""
 

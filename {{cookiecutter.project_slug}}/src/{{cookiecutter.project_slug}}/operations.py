@@ -44,6 +44,7 @@ from . import settings, telemetry
 from .claims import (
     BadMessage,
     ClaimStore,
+    QueueUnreachable,
     default_store,
     encode_details,
     person_needed,
@@ -211,6 +212,9 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     args = parser(prog).parse_args(argv)
     args.prog = prog
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+{%- if not celery %}
+    logging.getLogger("botocore").setLevel(logging.WARNING)  # not its INFO on where it found the credentials
+{%- endif %}
 {%- if celery %}
     if os.environ.get("DJANGO_SETTINGS_MODULE"):
         # In a Django project, as its management commands do: its settings load its Celery app, which the
@@ -227,6 +231,10 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         if problem is None:
             raise
         print(f"{args.prog} {args.command}: {problem}", file=sys.stderr)
+        return 2
+    except QueueUnreachable as error:
+        # the sweep's re-sends (send and a release say more): a record it could not send waits for its next run
+        print(f"{args.prog} {args.command}: {error}; `status` shows what is queued", file=sys.stderr)
         return 2
 
 
@@ -247,9 +255,20 @@ def run(args: argparse.Namespace) -> int:
         except BadInput as error:
             print(f"{args.prog} send: {error}; nothing sent", file=sys.stderr)
             return 2
-        from .producer import queue
+        from .producer import check_queue, queue
 
-        print(f"sent {settings.JOB_TYPE} {key} to the queue {queue()}: message {send(key, details)}")
+        try:
+            check_queue()
+        except QueueUnreachable as error:
+            print(f"{args.prog} send: {error}; nothing sent, nothing recorded", file=sys.stderr)
+            return 2
+        try:
+            message = send(key, details)
+        except QueueUnreachable as error:
+            # lost between the check and the send: the record, written first, stays queued for the sweeper
+            print(f"{args.prog} send: {error}; {resent_later()}", file=sys.stderr)
+            return 2
+        print(f"sent {settings.JOB_TYPE} {key} to the queue {queue()}: message {message}")
         return 0
     if args.command == "retain":
         window, made_of = redelivery_window()
@@ -296,8 +315,8 @@ def run(args: argparse.Namespace) -> int:
 
 def resolve(store: ClaimStore, key: str, *, done: bool, by: str, why: str, resolved_as: str) -> str | None:
     """A person's decision on a held or failed operation (the command's, the Django admin's): recorded with its
-    audit row and logged in one line; released, its message is sent again. What happened, in one line; None when
-    no such operation waits for a person."""
+    audit row and logged in one line; released, its message is sent again (the queue unreachable: by the sweeper,
+    later). What happened, in one line; None when no such operation waits for a person."""
     resolution = store.resolve(key, done=done, by=by, why=why, resolved_as=resolved_as)
     if resolution is None:
         return None
@@ -319,8 +338,16 @@ def resolve(store: ClaimStore, key: str, *, done: bool, by: str, why: str, resol
     # queued again: its message goes now (if sending fails, the sweeper sends it after the re-send time)
     from .producer import publish
 
-    message = publish(key, resolution.details)
+    try:
+        message = publish(key, resolution.details)
+    except QueueUnreachable as error:
+        return f"{key}: released for one more attempt by {by}; not sent now, {error}; {resent_later()}"
     return f"{key}: released for one more attempt by {by}; sent again: message {message}"
+
+
+def resent_later() -> str:
+    seconds = settings.resend_queued_after_seconds()
+    return f"its record is queued: the sweeper sends it again after {seconds} s (`status` shows it)"
 
 
 def os_identity() -> str:

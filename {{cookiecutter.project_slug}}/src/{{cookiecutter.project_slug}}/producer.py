@@ -18,15 +18,20 @@ run claims it.
 
 from __future__ import annotations
 
+import contextlib
 {% if not celery -%}
 import functools
 {% endif -%}
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 {% if celery -%}
 from celery import Celery, current_app
+from kombu.exceptions import OperationalError
+from kombu.utils.url import maybe_sanitize_url
+{% else -%}
+from botocore.exceptions import BotoCoreError, ClientError
 {% endif -%}
 from sqlalchemy import event
 from sqlalchemy.orm import Session
@@ -35,6 +40,7 @@ from . import settings
 from .claims import (
     ClaimStore,
     PayloadConflict,
+    QueueUnreachable,
     default_store,
     encode_details,
     fingerprint,
@@ -50,12 +56,34 @@ TASK_NAME = "{{ slug }}.{{ cookiecutter.job_type }}"
 
 
 def publish(key: str, details: Mapping[str, Any]) -> str:
-    """Hands one operation's message to the queue, without a record; the id the queue gave it."""
+    """Hands one operation's message to the queue, without a record; the id the queue gave it. QueueUnreachable when
+    the queue cannot take it now."""
 {%- if celery %}
     # to the app's queue for the task (its routes, or its default queue); a producer does not wait for the outcome
     # (the record has it): no result is stored for it
-    message = celery_app().send_task(TASK_NAME, args=[key, dict(details)], ignore_result=True)
+    with talking_to_the_queue():
+        message = celery_app().send_task(TASK_NAME, args=[key, dict(details)], ignore_result=True)
     return str(message.id)
+
+
+def check_queue() -> None:
+    """QueueUnreachable unless the broker answers now: a person's `send` asks before it writes the record."""
+    with talking_to_the_queue(), celery_app().connection_for_write() as connection:
+        connection.ensure_connection(max_retries=1, interval_start=0.5)  # a moment to come back, not kombu's 2 s
+
+
+@contextlib.contextmanager
+def talking_to_the_queue() -> Iterator[None]:
+    """The broker's connection errors (kombu raises them once its retries are spent) as QueueUnreachable, in one
+    line that says what to check."""
+    try:
+        yield
+    except OperationalError as error:
+        broker = maybe_sanitize_url(celery_app().conf.broker_write_url or "")  # broker_url unless set apart
+        raise QueueUnreachable(
+            f"the queue {queue()} cannot be reached ({one_line(error)}): check that the broker at {broker} runs"
+            " (CELERY_BROKER_URL)"
+        ) from error
 
 
 def queue() -> str:
@@ -75,9 +103,33 @@ def celery_app() -> Celery:
 {%- else %}
     from .consumer import make_body
 
-    where = (settings.aws_region(), settings.sqs_endpoint_url(), settings.queue_url(), settings.queue_name())
-    client, url = _queue(*where)
-    return str(client.send_message(QueueUrl=url, MessageBody=make_body(key, details))["MessageId"])
+    with talking_to_the_queue():
+        client, url = _queue(*_where())
+        return str(client.send_message(QueueUrl=url, MessageBody=make_body(key, details))["MessageId"])
+
+
+def check_queue() -> None:
+    """QueueUnreachable unless the queue answers now: a person's `send` asks before it writes the record."""
+    with talking_to_the_queue():
+        client, url = _queue(*_where())
+        client.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])
+
+
+@contextlib.contextmanager
+def talking_to_the_queue() -> Iterator[None]:
+    """boto3's errors (no region or credentials, the endpoint down once its retries are spent, the queue missing or
+    refusing) as QueueUnreachable, in one line that says what to check."""
+    try:
+        yield
+    except (BotoCoreError, ClientError) as error:
+        raise QueueUnreachable(
+            f"the queue {queue()} cannot be reached ({one_line(error)}): check AWS_REGION, the AWS credentials,"
+            " SQS_QUEUE_URL or SQS_QUEUE_NAME, and SQS_ENDPOINT_URL for a local SQS"
+        ) from error
+
+
+def _where() -> tuple[str | None, str | None, str | None, str]:
+    return settings.aws_region(), settings.sqs_endpoint_url(), settings.queue_url(), settings.queue_name()
 
 
 @functools.cache
@@ -94,6 +146,10 @@ def queue() -> str:
     """The queue the operation's messages go to."""
     return settings.queue_url() or settings.queue_name()
 {%- endif %}
+
+
+def one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())[:300]
 
 
 def enqueue(
