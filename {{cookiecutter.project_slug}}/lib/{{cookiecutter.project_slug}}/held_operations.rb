@@ -70,10 +70,16 @@ module {{ mod }}
       )
       return if done
 
-      {{ job }}.push({{ key }}, resolved["details"])
+      send_again({{ key }}, resolved["details"])
+    end
+
+    # A released operation's message, sent now; Redis unreachable, it waits (queued) for the sweeper. The jid or nil.
+    def send_again({{ key }}, details)
+      {{ job }}.push({{ key }}, details)
     rescue QueueUnreachable => e
-      # decided and recorded: queued again, its message waits for the sweeper
-      {{ mod }}.claims.log(:warn, {{ key }}, "released, not sent now: #{e.message}", outcome: "queued")
+      {{ mod }}.claims.log(
+        :warn, {{ key }}, "released, not sent now: #{e.message}", outcome: "queued"
+      )
       nil
     end
 
