@@ -158,7 +158,8 @@ def enqueue(
     """Asks for one operation: writes its record as `queued`, then sends its message; the message's id. With
     `session`, the record is written in the session's transaction and the message sent after its commit (None is
     returned: it has no id yet). BadMessage for a bad key or details, PayloadConflict for a known key with other
-    details; a known key with the same details is sent again, which its claim makes harmless."""
+    details; a known key with the same details is sent again, which its claim makes harmless. QueueUnreachable when
+    the queue cannot take the message: the record stays queued, for the sweeper."""
     operation_key = validate_key(key)
     payload = validate_details(details)
     encoded = encode_details(payload)
