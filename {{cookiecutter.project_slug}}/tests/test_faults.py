@@ -152,7 +152,17 @@ def test_a_prefork_worker_performs_each_operation_once_on_connections_of_its_own
         driver.wait_ready()
         keys = [f"FAULT-PREFORK-{n}" for n in range(20)]
         messages = [driver.send_message(key, DETAILS) for key in keys]
-        assert [driver.settle(message).action for message in messages] == ["performed"] * len(keys)
+
+        # each message performed by one of its runs, and none failed or hung: a copy that Redis hands out again after
+        # the suite's 3 s visibility timeout (on a loaded machine a prefetched message can wait that long behind a
+        # busy process) meets the claim and waits, as it should
+        def each_performed() -> bool | None:
+            runs = [[run.value for run in driver.runs(message) if run.state == "SUCCESS"] for message in messages]
+            return True if all("performed" in values for values in runs) else None
+
+        until(each_performed, "each message performed by one of its runs", timeout=60)
+        failed = [run for message in messages for run in driver.runs(message) if run.state == "FAILURE"]
+        assert not failed, failed
     finally:
         driver.stop_worker(prefork)
         driver.consume(True, solo)
