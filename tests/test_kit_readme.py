@@ -162,6 +162,11 @@ def test_sidekiq_readme_commands_run_as_written(request: pytest.FixtureRequest, 
             os.killpg(sidekiq.pid, signal.SIGTERM)
             sidekiq.wait(timeout=30)
 
+        if stacks.STACKS[stack] is not None:
+            # The benchmarks and the short soak run on this machine's own stack, as test_soak.py's soaks do: they
+            # print figures about the database and the machine. On the other stacks the kit's runtime, its workers
+            # killed mid-job, is proven by each stack's suites (test_kits.py).
+            return
         verdicts = r"ratio \d+\.\d\d \(goal [<>]= [\d.]+\): (PASS|MISS)"
         figures = run(f"{benchmark} --operations 100 --jobs 20 --rounds 1").stdout
         assert len(re.findall(verdicts, figures)) == 3, figures

@@ -177,11 +177,16 @@ def table_line(table: str, attempt: str) -> str:
 
 
 def regenerations() -> list[pytest.param]:
-    """copier on every queue system and change; cruft on each change once, on the queue systems in turn. cruft
-    updates every kit the same way (cookiecutter's kit before and after, and git's three-way apply of the
-    difference): a queue system changes which files the difference touches, not how cruft applies it."""
+    """copier on every change in each language's kit: each policy change on the Python kits in turn (the files it
+    touches are the same template's for Celery and SQS), the lease change on every queue system (its kit's suite
+    runs); cruft on each change once, on the queue systems in turn. cruft updates every kit the same way
+    (cookiecutter's kit before and after, and git's three-way apply of the difference): a queue system changes
+    which files the difference touches, not how cruft applies it."""
     queue_systems = sorted(LANGUAGES)
-    runs = [(queue, change, "copier") for queue in queue_systems for change in CHANGES]
+    python = [queue for queue in queue_systems if LANGUAGES[queue] == "python"]
+    runs = [(python[n % len(python)], change, "copier") for n, change in enumerate(POLICY_CHANGES)]
+    runs += [(queue, change, "copier") for queue in queue_systems if queue not in python for change in POLICY_CHANGES]
+    runs += [(queue, LEASE_CHANGE, "copier") for queue in queue_systems]
     runs += [(queue_systems[n % len(queue_systems)], change, "cruft") for n, change in enumerate(CHANGES)]
     return [pytest.param(*run, id=f"{run[0]}-{change_id(run[1])}-{run[2]}") for run in runs]
 
