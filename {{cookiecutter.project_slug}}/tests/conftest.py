@@ -199,10 +199,11 @@ class Records:
 
     def database_role(self) -> str | None:
         """The role the database sees the kit's connections as (None on SQLite, which has no roles)."""
-        if self.engine.dialect.name != "postgresql":
+        role = default_store().clock.role
+        if role == "NULL":
             return None
         with self.engine.connect() as conn:
-            return str(conn.execute(text("SELECT current_user")).scalar_one())
+            return str(conn.execute(text(f"SELECT {role}")).scalar_one())
 
     def clear(self) -> None:
         with self.engine.begin() as conn:

@@ -31,7 +31,8 @@ class DbProxy:
         if not upstream.hostname:
             raise ValueError(f"DbProxy: the database URL names no host ({upstream.scheme}:...): give host and port")
         self.database_url = database_url
-        self.upstream = (upstream.hostname, upstream.port or 5432)
+        default_port = 3306 if upstream.scheme.split("+")[0] in ("mysql", "mariadb") else 5432
+        self.upstream = (upstream.hostname, upstream.port or default_port)
         self.port = 0
         self.running = False
         self._process: subprocess.Popen[str] | None = None

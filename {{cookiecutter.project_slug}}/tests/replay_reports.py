@@ -88,7 +88,7 @@ class Report:
             "queue_system": "{{ q }}",
             "effect_kind": settings.EFFECT_KIND,
             "stale_claim_policy": settings.STALE_CLAIM_POLICY,
-            "mode": "live" if database == "postgresql" else "embedded",
+            "mode": "embedded" if database == "sqlite" else "live",
 {%- if q == "sqs" %}
             "entry_point": entry_point(),
 {%- endif %}
@@ -180,19 +180,25 @@ def broker_settings() -> str:
 
 
 def database_server() -> str:
+    """The server and its version, as it names them: PostgreSQL 15.8, MariaDB 10.11.19, MySQL 8.4.3, SQLite 3.40.1."""
     url = settings.database_url()
-    if make_url(url).get_backend_name() != "postgresql":
+    backend = make_url(url).get_backend_name()
+    if backend == "sqlite":
         return f"SQLite {sqlite3.sqlite_version}"
 
     def version() -> str:
         engine = create_engine(url)
         try:
             with engine.connect() as conn:
-                return str(conn.execute(text("SHOW server_version")).scalar_one())
+                if backend == "postgresql":
+                    return "PostgreSQL " + str(conn.execute(text("SHOW server_version")).scalar_one())
+                # MariaDB's VERSION() is 10.11.19-MariaDB-0+deb12u1, MySQL's 8.4.3
+                number, _, rest = str(conn.execute(text("SELECT VERSION()")).scalar_one()).partition("-")
+                return f"{'MariaDB' if 'MariaDB' in rest else 'MySQL'} {number}"
         finally:
             engine.dispose()
 
-    return f"PostgreSQL {answer(version)}"
+    return answer(version)
 
 
 def template_version() -> str:

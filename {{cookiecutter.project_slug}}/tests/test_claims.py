@@ -25,6 +25,7 @@ from {{ slug }} import settings
 from {{ slug }}.claims import (
     CLAIMED,
     ClaimStore,
+    Record,
     Statement,
     connect,
     default_store,
@@ -36,7 +37,11 @@ JOB_TYPE = settings.JOB_TYPE
 # enough rows that reaching one key by any other way than the unique index would cost something
 COMPLETED_ROWS = 20_000
 CLAIMED_ROWS = 2_000
-UNIQUE_INDEX = {"postgresql": f"{TABLE}_operation", "sqlite": f"sqlite_autoindex_{TABLE}_1"}
+UNIQUE_INDEX = {
+    "postgresql": f"{TABLE}_operation",
+    "mysql": f"{TABLE}_operation",
+    "sqlite": f"sqlite_autoindex_{TABLE}_1",
+}
 # Where the tests that fork run (run_alone): a process started by a server that runs no other thread (this module
 # loaded there once). A child forked from the suite's process can inherit a lock that another thread held at
 # that instant (the embedded worker's thread inside SQLite's allocator, say) and wait for it forever.
@@ -45,14 +50,29 @@ FRESH.set_forkserver_preload([__name__])
 
 
 def fill(engine: Engine, status: str, rows: int, prefix: str) -> None:
-    """`rows` records of `status`, claimed and completed now, in one statement."""
-    now = "clock_timestamp()" if engine.dialect.name == "postgresql" else "julianday('now')"
+    """`rows` records of `status`, claimed and completed now, in one statement (MySQL: in one batch)."""
+    now = ClaimStore(engine).clock.now
+    completed_at = now if status == "completed" else "NULL"
+    if engine.dialect.name in ("mysql", "mariadb"):
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    f"""INSERT INTO {TABLE} (job_type, operation_key, payload_fingerprint, payload, status,
+                                             claim_token, attempt, claimed_at, completed_at)
+                        VALUES (:job_type, :key, :fingerprint, :payload, :status, :key, 1, {now}, {completed_at})"""
+                ),
+                [
+                    {"job_type": JOB_TYPE, "key": f"{prefix}{n}", "fingerprint": "0" * 64, "payload": "{}"}
+                    | {"status": status}
+                    for n in range(1, rows + 1)
+                ],
+            )
+        return
     numbers = (
         "generate_series(1, :rows) AS n"
         if engine.dialect.name == "postgresql"
         else "(WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < :rows) SELECT n FROM s)"
     )
-    completed_at = now if status == "completed" else "NULL"
     with engine.begin() as conn:
         conn.execute(
             text(
@@ -76,15 +96,21 @@ def fill(engine: Engine, status: str, rows: int, prefix: str) -> None:
 def analyze(engine: Engine, vacuum: bool = False) -> None:
     """Statistics taken now, as autovacuum (PostgreSQL) or a person (SQLite's ANALYZE) would take them; `vacuum`:
     first the space of deleted rows is freed (PostgreSQL), so that an empty table has no pages, as a new one."""
-    command = "VACUUM ANALYZE" if vacuum and engine.dialect.name == "postgresql" else "ANALYZE"
+    command = {"postgresql": "VACUUM ANALYZE" if vacuum else "ANALYZE", "mysql": "ANALYZE TABLE", "sqlite": "ANALYZE"}
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text(f"{command} {TABLE}"))
+        conn.execute(text(f"{command[ClaimStore(engine).dialect]} {TABLE}"))
 
 
 def plan(store: ClaimStore, statement: Statement, **params: object) -> str:
-    """The plan the store's own connection chooses for `statement` with these values."""
-    explain = "EXPLAIN " if store.engine.dialect.name == "postgresql" else "EXPLAIN QUERY PLAN "
+    """The plan the store's own connection chooses for `statement` with these values. MySQL's reads "access <type>
+    key <index>" for each table it reads: access ALL is a scan of the table."""
+    explain = "EXPLAIN QUERY PLAN " if store.dialect == "sqlite" else "EXPLAIN "
     rows = store._run(Statement.build(explain + statement.clause.text, store.engine.dialect), dict(params))
+    if store.dialect == "mysql":
+        columns = [column[0] for column in rows.description]
+        return "\n".join(
+            f"access {row[columns.index('type')]} key {row[columns.index('key')]}" for row in rows.fetchall()
+        )
     return "\n".join(str(row[-1]) for row in rows.fetchall())
 
 
@@ -92,7 +118,7 @@ def assert_unique_index_only(plans: dict[str, str], dialect: str) -> None:
     for name, found in plans.items():
         assert UNIQUE_INDEX[dialect] in found, f"{name}: {found}"
         assert f"{TABLE}_claimed" not in found and f"{TABLE}_queued" not in found, f"{name}: {found}"
-        assert "Seq Scan" not in found and "SCAN " not in found, f"{name}: {found}"
+        assert "Seq Scan" not in found and "SCAN " not in found and "access ALL" not in found, f"{name}: {found}"
 
 
 def key_plans(store: ClaimStore) -> dict[str, str]:
@@ -128,7 +154,8 @@ def test_duplicates_and_guarded_updates_go_through_the_unique_index_whatever_the
         assert_unique_index_only(key_plans(store), dialect)
         if dialect == "postgresql":
             # the same guard written plainly: the planner, told that nothing is claimed, walks every claimed row
-            plain = Statement.build(store._complete.clause.text.replace(CLAIMED, "status = 'claimed'"), engine.dialect)
+            guard = CLAIMED.format(status=store.clock.status)
+            plain = Statement.build(store._complete.clause.text.replace(guard, "status = 'claimed'"), engine.dialect)
             on_key = {"job_type": JOB_TYPE, "key": "PLAN-CLAIMED-7", "token": "PLAN-CLAIMED-7"}
             assert f"{TABLE}_claimed" in plan(store, plain, **on_key)
         # fresh statistics, which know the backlog
@@ -138,8 +165,10 @@ def test_duplicates_and_guarded_updates_go_through_the_unique_index_whatever_the
         # more than that batch
         stale = plan(store, store._stale_claims, job_type=JOB_TYPE, limit=100)
         assert f"{TABLE}_claimed" in stale, stale
-        settle = plan(store, store._settle_stale_batch, job_type=JOB_TYPE, status="held", note="n", limit=100)
-        assert "Seq Scan" not in settle and "SCAN " not in settle, settle
+        # (MySQL: the batch is read and locked first, then changed by key)
+        batch = store._stale_due if store.dialect == "mysql" else store._settle_stale_batch
+        settle = plan(store, batch, job_type=JOB_TYPE, status="held", note="n", limit=100)
+        assert "Seq Scan" not in settle and "SCAN " not in settle and "access ALL" not in settle, settle
     finally:
         store.close()
         records.clear()
@@ -160,7 +189,8 @@ def kept_plan(engine: Engine, records: Records, *settings_sql: str) -> str:
             assert store.claim_or_read(KEY, fingerprint(KEY, encoded), encoded) is not None
         fill(engine, "completed", COMPLETED_ROWS, "PLAN-COMPLETED-")
         if engine.dialect.name != "postgresql":
-            # SQLite plans a statement when it prepares it, from its statistics: the same promise, checked there
+            # SQLite plans a statement when it prepares it, from its statistics, and MySQL each time it runs one
+            # (PyMySQL prepares none): the same promise, checked there
             return plan(store, store._read, job_type=JOB_TYPE, key=KEY)
         by_name = "SELECT name FROM pg_prepared_statements WHERE statement LIKE '%new_claim%'"
         (name,) = store._run(Statement.build(by_name, engine.dialect), {}).fetchone()
@@ -188,9 +218,18 @@ def test_a_duplicate_stays_an_index_lookup_after_statistics_taken_on_an_empty_ta
 
 def end_idle_connection(store: ClaimStore) -> None:
     """The calling thread's connection of `store` ends while idle: its server process is terminated, and gone
-    (PostgreSQL), or it is closed under the store (SQLite has no server)."""
+    (PostgreSQL), its thread killed (MySQL, MariaDB), or it is closed under the store (SQLite has no server)."""
     held = store._held()
-    if store.engine.dialect.name == "postgresql":
+    if store.dialect == "mysql":
+        thread = {"thread": held.connection.thread_id()}
+        with store.engine.connect() as conn:
+            conn.execute(text("KILL :thread"), thread)
+            gone = text("SELECT NOT EXISTS (SELECT 1 FROM information_schema.processlist WHERE id = :thread)")
+            deadline = time.monotonic() + 30
+            while not conn.execute(gone, thread).scalar_one():
+                assert time.monotonic() < deadline, "the killed connection's thread is still there after 30 s"
+                time.sleep(0.01)
+    elif store.engine.dialect.name == "postgresql":
         pid = {"pid": held.connection.info.backend_pid}
         with store.engine.connect() as conn:
             conn.execute(text("SELECT pg_terminate_backend(:pid)"), pid)
@@ -207,14 +246,27 @@ def end_idle_connection(store: ClaimStore) -> None:
 
 @contextlib.contextmanager
 def connection_lost_during_the_claim(store: ClaimStore, key: str, encoded: str) -> Iterator[None]:
-    """The store's next claim of `key` loses its connection midway. PostgreSQL: another transaction claims `key`
-    first and holds it, the store's claim waits for it, and its server process is terminated while it waits.
-    SQLite has no server: the connection is closed under the store."""
-    if store.engine.dialect.name != "postgresql":
+    """The store's next claim of `key` loses its connection midway. PostgreSQL, MySQL and MariaDB: another
+    transaction claims `key` first and holds it, the store's claim waits for it, and its server process (thread)
+    is ended while it waits. SQLite has no server: the connection is closed under the store."""
+    if store.dialect == "sqlite":
         store._held().connection.close()
         yield
         return
-    pid = store._held().connection.info.backend_pid
+    # how often the waiting is looked for: InnoDB refreshes what information_schema.innodb_trx shows only once it has
+    # not been read for 0.1 s
+    poll = 0.01
+    if store.dialect == "mysql":
+        pid, poll = store._held().connection.thread_id(), 0.15
+        waiting = text(
+            "SELECT count(*) FROM information_schema.innodb_trx"
+            " WHERE trx_mysql_thread_id = :pid AND trx_state = 'LOCK WAIT'"
+        )
+        end = text("KILL :pid")
+    else:
+        pid = store._held().connection.info.backend_pid
+        waiting = text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid AND wait_event_type = 'Lock'")
+        end = text("SELECT pg_terminate_backend(:pid)")
     # another store on this thread holds the claim in its transaction, which the store's error rolls back
     holder = ClaimStore(store.engine)
     try:
@@ -222,11 +274,10 @@ def connection_lost_during_the_claim(store: ClaimStore, key: str, encoded: str) 
             assert holder.claim(key, fingerprint(key, encoded), encoded) is not None
 
             def terminate_once_waiting() -> None:
-                waiting = text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid AND wait_event_type = 'Lock'")
                 while not killer.execute(waiting, {"pid": pid}).scalar_one():
                     killer.rollback()  # pg_stat_activity is read once per transaction
-                    time.sleep(0.01)
-                killer.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+                    time.sleep(poll)
+                killer.execute(end, {"pid": pid})
 
             terminator = threading.Thread(target=terminate_once_waiting, daemon=True)
             terminator.start()
@@ -256,7 +307,7 @@ def test_a_connection_lost_is_replaced_and_a_claim_is_never_silently_run_again(r
         end_idle_connection(store)
         record = store.read(KEY)
         assert record is not None and record.status == "completed"
-        if store.engine.dialect.name == "postgresql":
+        if store.dialect != "sqlite":
             # A connection the server ended while idle (a restart, an outage that has passed) is found before
             # anything is sent on it: the first write after it (the sweeper's, after an outage) goes through.
             end_idle_connection(store)
@@ -265,6 +316,37 @@ def test_a_connection_lost_is_replaced_and_a_claim_is_never_silently_run_again(r
             assert store.claim("LOST-WHILE-IDLE", fingerprint("LOST-WHILE-IDLE", encoded), encoded) is not None
     finally:
         store.close()
+
+
+def test_a_claim_lost_in_a_transaction_reads_the_winners_record_not_the_transactions_snapshot(
+    records: Records,
+) -> None:
+    """A same-database effect claims inside a transaction, which may have read the table before (an app's request
+    does): under REPEATABLE READ, MySQL's and MariaDB's default, a plain SELECT there reads the snapshot of that
+    first read. A claim lost to a run that committed since must read that run's record (a locking read), not find
+    none. SQLite cannot write in a transaction whose snapshot is older than the last write: the claim fails, and
+    the queue's retry decides."""
+    store, rival = ClaimStore(connect()), ClaimStore(connect())
+    encoded = encode_details(DETAILS)
+    try:
+        with store.transaction() as conn:
+            # the transaction's first read: its snapshot, on MySQL and MariaDB
+            assert conn.execute(text(f"SELECT count(*) FROM {TABLE}")).scalar_one() == 0
+            token = rival.claim(KEY, fingerprint(KEY, encoded), encoded)
+            assert token is not None
+            if store.dialect == "sqlite":
+                with pytest.raises(exc.OperationalError, match="locked"):
+                    store.claim_or_read(KEY, fingerprint(KEY, encoded), encoded)
+                raise RuntimeError("the effect's transaction ends")
+            found = store.claim_or_read(KEY, fingerprint(KEY, encoded), encoded)
+            assert isinstance(found, Record), f"the claim was lost, and then found no record: {found!r}"
+            assert (found.claim_token, found.status) == (token, "claimed")
+    except RuntimeError as error:
+        assert store.dialect == "sqlite" and str(error) == "the effect's transaction ends"
+    finally:
+        store.close()
+        rival.close()
+    assert records.status(KEY) == "claimed"
 
 
 def test_a_transaction_stays_on_the_threads_connection_and_ends_with_it(records: Records) -> None:

@@ -65,7 +65,9 @@ def test_retain_deletes_completed_records_older_than_the_age_and_nothing_else(
             assert store.complete(key, token)
     store.age("OLD-HELD", settings.LEASE_SECONDS + 1)
     assert store.settle_stale("OLD-HELD", records.row("OLD-HELD")["claim_token"], "held", "held for the test")
-    days_back = "make_interval(days => 400)" if records.engine.dialect.name == "postgresql" else "400"
+    days_back = {"postgresql": "make_interval(days => 400)", "mysql": "INTERVAL 400 DAY", "sqlite": "400"}[
+        default_store().dialect
+    ]
     with records.engine.begin() as conn:
         conn.execute(
             text(
@@ -347,8 +349,8 @@ def test_resolve_refuses_an_empty_name_or_reason(records: Records, capsys: pytes
     assert records.status(KEY) == "held"
 
 
-def schema_sql_statements() -> list[str]:
-    without_comments = re.sub(r"--[^\n]*", "", (KIT_ROOT / "schema.sql").read_text())
+def schema_sql_statements(name: str = "schema.sql") -> list[str]:
+    without_comments = re.sub(r"--[^\n]*", "", (KIT_ROOT / name).read_text())
     return [statement.strip() for statement in without_comments.split(";") if statement.strip()]
 
 
@@ -398,9 +400,30 @@ def describe_sqlite(conn: Connection) -> dict[str, dict[str, list[tuple[Any, ...
     return described
 
 
+def describe_mysql(conn: Connection, database: str) -> dict[str, str]:
+    """The kit's tables only, as MySQL and MariaDB show them (SHOW CREATE TABLE: columns, keys, constraints)."""
+    return {table: conn.execute(text(f"SHOW CREATE TABLE `{database}`.`{table}`")).one()[1] for table in KIT_TABLES}
+
+
 def test_the_migration_matches_schema_sql(engine: Engine) -> None:
-    """The suite's tables come from the Alembic migration; schema.sql, run on its own, must give the same."""
-    if engine.dialect.name == "postgresql":
+    """The suite's tables come from the Alembic migration; schema.sql (schema-mysql.sql on MySQL and MariaDB),
+    run on its own, must give the same."""
+    if default_store().dialect == "mysql":
+        with engine.connect() as conn:
+            database = conn.execute(text("SELECT DATABASE()")).scalar_one()
+            migrated = describe_mysql(conn, database)
+            # DDL is not transactional there: a scratch database of its own, dropped after
+            scratch = f"{database[:40]}_schema_sql_check"
+            conn.execute(text(f"CREATE DATABASE `{scratch}`"))
+            try:
+                conn.execute(text(f"USE `{scratch}`"))
+                for statement in schema_sql_statements("schema-mysql.sql"):
+                    conn.execute(text(statement))
+                from_schema_sql = describe_mysql(conn, scratch)
+            finally:
+                conn.execute(text(f"DROP DATABASE `{scratch}`"))
+                conn.execute(text(f"USE `{database}`"))
+    elif engine.dialect.name == "postgresql":
         with engine.connect() as conn:
             migrated = describe_postgresql(conn, "public")
             # DDL is transactional in PostgreSQL: the scratch schema vanishes with the rollback

@@ -16,10 +16,10 @@ depends_on = None
 
 def upgrade() -> None:
     # the statements live in the package, where a Django migration runs them too
-    for statement in schema.CREATE:
+    for statement in schema.statements(schema.CREATE, op.get_bind().dialect):
         op.execute(statement)
 
 
 def downgrade() -> None:
-    for statement in schema.DROP:
+    for statement in schema.statements(schema.DROP, op.get_bind().dialect):
         op.execute(statement)

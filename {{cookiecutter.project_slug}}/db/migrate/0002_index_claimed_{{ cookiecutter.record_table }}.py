@@ -17,10 +17,10 @@ depends_on = None
 
 
 def upgrade() -> None:
-    for statement in schema.CLAIMED_INDEX:
+    for statement in schema.statements(schema.CLAIMED_INDEX, op.get_bind().dialect):
         op.execute(statement)
 
 
 def downgrade() -> None:
-    for statement in schema.CLAIMED_INDEX_UNDO:
+    for statement in schema.statements(schema.CLAIMED_INDEX_UNDO, op.get_bind().dialect):
         op.execute(statement)

@@ -17,10 +17,10 @@ depends_on = None
 
 
 def upgrade() -> None:
-    for statement in schema.QUEUED_AND_FAILED[op.get_bind().dialect.name]:
+    for statement in schema.statements(schema.QUEUED_AND_FAILED, op.get_bind().dialect):
         op.execute(statement)
 
 
 def downgrade() -> None:
-    for statement in schema.QUEUED_AND_FAILED_UNDO[op.get_bind().dialect.name]:
+    for statement in schema.statements(schema.QUEUED_AND_FAILED_UNDO, op.get_bind().dialect):
         op.execute(statement)

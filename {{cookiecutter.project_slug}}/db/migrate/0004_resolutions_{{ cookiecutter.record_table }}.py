@@ -17,10 +17,10 @@ depends_on = None
 
 
 def upgrade() -> None:
-    for statement in schema.RESOLUTIONS:
+    for statement in schema.statements(schema.RESOLUTIONS, op.get_bind().dialect):
         op.execute(statement)
 
 
 def downgrade() -> None:
-    for statement in schema.RESOLUTIONS_UNDO:
+    for statement in schema.statements(schema.RESOLUTIONS_UNDO, op.get_bind().dialect):
         op.execute(statement)

@@ -1,14 +1,17 @@
 """The claim runtime: the record of handled operations in `{{ cookiecutter.record_table }}`, and every change to it.
 
 The rules it keeps (see README.md):
-- The database is the only clock. Timestamps are written in SQL (PostgreSQL clock_timestamp(), SQLite
-  julianday('now')) and "older than the lease" is decided in SQL, never by a worker's clock.
+- The database is the only clock. Timestamps are written in SQL (PostgreSQL clock_timestamp(), MySQL and MariaDB
+  UTC_TIMESTAMP(6), SQLite julianday('now')) and "older than the lease" is decided in SQL, never by a worker's
+  clock.
 - A claim commits in its own short transaction before the effect starts (for a row in the same database, the
   claim, the effect and the completion share one transaction instead).
 - Every change after the claim is guarded by the claim's token: only the run holding the claim completes it,
   and a takeover of a stale claim is a compare-and-swap that one run alone can win.
 
-SQLAlchemy Core with the SQL in text(), for PostgreSQL and SQLite alike; DATABASE_URL chooses. What a delivery
+SQLAlchemy Core with the SQL in text(), for PostgreSQL, MySQL, MariaDB and SQLite; DATABASE_URL chooses. MySQL has
+no RETURNING and no ON CONFLICT: there a claim is a plain INSERT that a duplicate key refuses, and the statements
+that return rows lock them first and read them (the `mysql` parts of ClaimStore). What a delivery
 runs costs what the database does and little more: each thread holds one connection of its own in autocommit
 (one statement, one transaction: no BEGIN or COMMIT round trips, no pool checkout per statement), every
 statement is built once and compiled once for the driver, and the message's details are encoded to JSON once.
@@ -23,6 +26,7 @@ import functools
 import hashlib
 import json
 import os
+import select
 import sqlite3
 import threading
 import time
@@ -119,11 +123,17 @@ MIGRATE = "run the kit's migration (alembic upgrade head; in a Django project, m
 # What a database error says when it will not pass by itself, and what a person must do about it (person_needed).
 _NEEDS_A_PERSON = {
     "does not exist": MIGRATE,
+    "doesn't exist": MIGRATE,
     "no such table": MIGRATE,
     "permission denied": "grant DATABASE_URL's role the rights on the table",
+    "command denied": "grant DATABASE_URL's user the rights on the table",
     "authentication failed": "check the user and password in DATABASE_URL",
+    "Access denied for user": "check the user and password in DATABASE_URL",
     "violates check constraint": "migrate the table to revision 0003 (alembic upgrade head)",
     "CHECK constraint failed": "migrate the table to revision 0003 (alembic upgrade head)",
+    # MariaDB's and MySQL's words for a failed CHECK
+    "_status` failed for": "migrate the table to revision 0003 (alembic upgrade head)",
+    "_status' is violated": "migrate the table to revision 0003 (alembic upgrade head)",
 }
 
 
@@ -140,7 +150,7 @@ def person_needed(error: BaseException) -> str | None:
 
 @dataclass(frozen=True)
 class Clock:
-    """The SQL that reads the database's clock, per dialect."""
+    """The SQL that differs per database: its clock, and the few expressions each writes its own way."""
 
     now: str
     # True when the claim is older than the lease
@@ -161,6 +171,10 @@ class Clock:
     role: str
     # what locks the rows a SELECT reads until the transaction ends
     for_update: str
+    # the status as the guards of the statements on one key read it (see CLAIMED)
+    status: str = "status || ''"
+    # the record's note with ' | ' and :why appended
+    note_and_why: str = "COALESCE(note || ' | ', '') || :why"
 
 
 CLOCKS = {
@@ -176,6 +190,22 @@ CLOCKS = {
         oldest_age="extract(epoch from clock_timestamp() - min(coalesce(completed_at, claimed_at)))::float8",
         role="current_user",
         for_update=" FOR UPDATE",
+    ),
+    # MySQL 8 and MariaDB 10.5+ (SQLAlchemy's mysql and mariadb dialects): DATETIME(6) columns, in UTC
+    "mysql": Clock(
+        now="UTC_TIMESTAMP(6)",
+        stale=f"claimed_at < UTC_TIMESTAMP(6) - INTERVAL {LEASE} SECOND",
+        seconds_left=f"TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), claimed_at) / 1000000.0 + {LEASE}",
+        shown="CONCAT(DATE_FORMAT({column}, '%Y-%m-%d %H:%i:%s'), ' UTC')",
+        moved_back="claimed_at - INTERVAL :seconds SECOND",
+        days_ago="UTC_TIMESTAMP(6) - INTERVAL :days DAY",
+        seconds_ago="UTC_TIMESTAMP(6) - INTERVAL :seconds SECOND",
+        oldest_age="TIMESTAMPDIFF(MICROSECOND, min(coalesce(completed_at, claimed_at)), UTC_TIMESTAMP(6)) / 1000000.0",
+        role="CURRENT_USER()",
+        for_update=" FOR UPDATE",
+        # no partial index that a plain guard could lead the planner to (`||` is OR there)
+        status="status",
+        note_and_why="CONCAT(COALESCE(CONCAT(note, ' | '), ''), :why)",
     ),
     "sqlite": Clock(
         # julianday('now') is in days, with milliseconds
@@ -193,17 +223,19 @@ CLOCKS = {
     ),
 }
 
-# The guards on a record's status, in every statement that changes one key. `status || ''` is the status, but no
-# index matches it: the planner finds the row through the unique (job_type, operation_key) index alone and never
-# walks the partial index of claimed rows (schema.sql) instead, whatever its statistics say about how many rows
-# are claimed (taken while none were, they say "none", and that index would look like the cheapest way).
-CLAIMED = "status || '' = 'claimed'"
-RELEASED = "status || '' = 'released'"
-HELD = "status || '' = 'held'"
-QUEUED = "status || '' = 'queued'"
+# The guards on a record's status, in every statement that changes one key, with `{status}` the dialect's
+# Clock.status. On PostgreSQL and SQLite `status || ''` is the status, but no index matches it: the planner finds the
+# row through the unique (job_type, operation_key) index alone and never walks the partial index of claimed rows
+# (schema.sql) instead, whatever its statistics say about how many rows are claimed (taken while none were, they say
+# "none", and that index would look like the cheapest way).
+CLAIMED = "{status} = 'claimed'"
+RELEASED = "{status} = 'released'"
+QUEUED = "{status} = 'queued'"
 # what a person resolves (held, failed) and what the queue's last failure ends (released, queued)
-FOR_A_PERSON = "status || '' IN ('held', 'failed')"
-FAILING = "status || '' IN ('released', 'queued')"
+FOR_A_PERSON = "{status} IN ('held', 'failed')"
+FAILING = "{status} IN ('released', 'queued')"
+# where a statement on a list of keys (MySQL's, ClaimStore._by_keys) takes one placeholder a key
+KEYS = "(keys)"
 
 
 @dataclass(frozen=True)
@@ -326,16 +358,27 @@ def connect(url: str | None = None, creator: Callable[[], Any] | None = None) ->
     return engine
 
 
-def insert_record(status: str, attempt: int, now: str) -> str:
+def insert_record(status: str, attempt: int, now: str, *, returning: bool = True) -> str:
     """The statement that writes a new record, with `status` and `attempt`, and nothing when the key has one: the
-    claim (claimed, 1) and the producer's record (queued, 0). `now` is the dialect's clock (Clock.now)."""
+    claim (claimed, 1) and the producer's record (queued, 0). `now` is the dialect's clock (Clock.now).
+    `returning=False` (MySQL, MariaDB): a plain INSERT, which a known key refuses (is_duplicate_key)."""
+    on_conflict = "ON CONFLICT (job_type, operation_key) DO NOTHING RETURNING claim_token" if returning else ""
     return f"""
         INSERT INTO {TABLE}
             (job_type, operation_key, payload_fingerprint, payload, status, claim_token, attempt, claimed_at)
         VALUES (:job_type, :key, :fingerprint, :payload, '{status}', :token, {attempt}, {now})
-        ON CONFLICT (job_type, operation_key) DO NOTHING
-        RETURNING claim_token
+        {on_conflict}
     """
+
+
+# MySQL's and MariaDB's error for a key that a unique index holds already (ER_DUP_ENTRY)
+DUPLICATE_KEY = 1062
+
+
+def is_duplicate_key(error: BaseException) -> bool:
+    """Whether a database error (SQLAlchemy's or the driver's) is MySQL's duplicate key: a record exists."""
+    orig = getattr(error, "orig", None) or error
+    return bool(getattr(orig, "args", None)) and orig.args[0] == DUPLICATE_KEY
 
 
 def new_record(key: str, payload_fingerprint: str, details: Mapping[str, Any] | str) -> dict[str, Any]:
@@ -373,7 +416,10 @@ class HeldConnection:
         server that ends it (a restart, pg_terminate_backend) says so first; a cut network closes the socket."""
         pgconn = getattr(self.connection, "pgconn", None)
         if pgconn is None:
-            return True
+            # MySQL and MariaDB (PyMySQL's socket): nothing is due on an idle connection, so anything to read (the
+            # server's last error packet, or the end of the stream) means it has ended. SQLite has no server.
+            sock = getattr(self.connection, "_sock", None)
+            return sock is None or not select.select([sock], [], [], 0)[0]
         try:
             pgconn.consume_input()
             pgconn.is_busy()  # parses what came, so that a notice reaches the handler
@@ -400,17 +446,23 @@ class ClaimStore:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.clock = CLOCKS[engine.dialect.name]
+        # MySQL and MariaDB share their SQL (SQLAlchemy names a MariaDB dialect apart)
+        self.dialect = "mysql" if engine.dialect.name in ("mysql", "mariadb") else engine.dialect.name
+        self.clock = CLOCKS[self.dialect]
         self._dbapi = engine.dialect.loaded_dbapi
         self._local = threading.local()
         statement = functools.partial(Statement.build, dialect=engine.dialect)
         clock = self.clock
+        claimed, released, queued, for_a_person = (
+            guard.format(status=clock.status) for guard in (CLAIMED, RELEASED, QUEUED, FOR_A_PERSON)
+        )
+        failing_known = FAILING.format(status="known." + clock.status)
         self._begin, self._commit = statement("BEGIN"), statement("COMMIT")
-        insert = insert_record("claimed", 1, clock.now)
+        insert = insert_record("claimed", 1, clock.now, returning=self.dialect != "mysql")
         self._claim = statement(insert)
         # The producer's record, written before the message is sent: queued, attempt 0, claimed_at the time it was
         # sent. A run claims it as a new key (take_over on its token); a known key gets no second record.
-        self._enqueue = statement(insert_record("queued", 0, clock.now))
+        self._enqueue = statement(insert_record("queued", 0, clock.now, returning=self.dialect != "mysql"))
         # On PostgreSQL one statement claims or, when the key is known, reads the record: a duplicate costs one
         # round trip. (SQLite claims, then reads.)
         self._claim_or_read = statement(
@@ -435,7 +487,7 @@ class ClaimStore:
         self._complete = statement(
             f"""
             UPDATE {TABLE} SET status = 'completed', completed_at = {clock.now}
-            WHERE job_type = :job_type AND operation_key = :key AND claim_token = :token AND {CLAIMED}
+            WHERE job_type = :job_type AND operation_key = :key AND claim_token = :token AND {claimed}
             """
         )
         self._take_over = statement(
@@ -444,14 +496,14 @@ class ClaimStore:
             SET claim_token = :token, attempt = attempt + 1, status = 'claimed', claimed_at = {clock.now},
                 note = COALESCE(:note, note)
             WHERE job_type = :job_type AND operation_key = :key AND claim_token = :old_token
-              AND ({QUEUED} OR {RELEASED} OR ({CLAIMED} AND {clock.stale}))
+              AND ({queued} OR {released} OR ({claimed} AND {clock.stale}))
             """
         )
         self._settle_stale = statement(
             f"""
             UPDATE {TABLE} SET status = :status, note = :note
             WHERE job_type = :job_type AND operation_key = :key AND claim_token = :token
-              AND {CLAIMED} AND {clock.stale}
+              AND {claimed} AND {clock.stale}
             """
         )
         self._age = statement(
@@ -463,7 +515,7 @@ class ClaimStore:
         self._release = statement(
             f"""
             UPDATE {TABLE} SET status = 'released', note = :note
-            WHERE job_type = :job_type AND operation_key = :key AND claim_token = :token AND {CLAIMED}
+            WHERE job_type = :job_type AND operation_key = :key AND claim_token = :token AND {claimed}
             """
         )
         # The queue gave up on the operation (its retries spent): failed, for a person, with the last error. From
@@ -475,7 +527,7 @@ class ClaimStore:
                 (job_type, operation_key, payload_fingerprint, payload, status, claim_token, attempt, claimed_at, note)
             VALUES (:job_type, :key, :fingerprint, :payload, 'failed', :token, 0, {clock.now}, :note)
             ON CONFLICT (job_type, operation_key) DO UPDATE SET status = 'failed', note = excluded.note
-            WHERE known.{FAILING}
+            WHERE {failing_known}
             """
         )
         # The sweeper's re-send: records still queued after :seconds (the broker may have lost their message), the
@@ -483,7 +535,7 @@ class ClaimStore:
         self._resend_queued = statement(
             f"""
             UPDATE {TABLE} SET claimed_at = {clock.now}
-            WHERE job_type = :job_type AND {QUEUED} AND claimed_at < {clock.seconds_ago} AND operation_key IN (
+            WHERE job_type = :job_type AND {queued} AND claimed_at < {clock.seconds_ago} AND operation_key IN (
                 SELECT operation_key FROM {TABLE}
                 WHERE job_type = :job_type AND status = 'queued' AND claimed_at < {clock.seconds_ago}
                 ORDER BY claimed_at
@@ -507,7 +559,7 @@ class ClaimStore:
         self._settle_stale_batch = statement(
             f"""
             UPDATE {TABLE} SET status = :status, note = :note
-            WHERE job_type = :job_type AND {CLAIMED} AND {clock.stale} AND operation_key IN (
+            WHERE job_type = :job_type AND {claimed} AND {clock.stale} AND operation_key IN (
                 SELECT operation_key FROM {TABLE}
                 WHERE job_type = :job_type AND status = 'claimed' AND {clock.stale}
                 ORDER BY claimed_at
@@ -534,7 +586,7 @@ class ClaimStore:
                  status_before, status_after, why)
             SELECT job_type, operation_key, {clock.now}, :by, :resolved_as, {clock.role}, status, :status, :why
             FROM {TABLE}
-            WHERE job_type = :job_type AND operation_key = :key AND {FOR_A_PERSON}{clock.for_update}
+            WHERE job_type = :job_type AND operation_key = :key AND {for_a_person}{clock.for_update}
             RETURNING status_before, database_role
             """
         )
@@ -545,9 +597,9 @@ class ClaimStore:
                 completed_at = CASE WHEN :done = 1 THEN {clock.now} ELSE completed_at END,
                 claimed_at = CASE WHEN :done = 1 THEN claimed_at ELSE {clock.now} END,
                 resolved_by = :by, resolved_at = {clock.now},
-                note = COALESCE(note || ' | ', '') || :why
-            WHERE job_type = :job_type AND operation_key = :key AND {FOR_A_PERSON}
-            RETURNING payload
+                note = {clock.note_and_why}
+            WHERE job_type = :job_type AND operation_key = :key AND {for_a_person}
+            {"" if self.dialect == "mysql" else "RETURNING payload"}
             """
         )
         self._resolutions = statement(
@@ -580,6 +632,93 @@ class ClaimStore:
             """
         )
 
+        if self.dialect == "mysql":
+            self._mysql_statements(statement, claimed, queued, for_a_person)
+
+    def _mysql_statements(
+        self, statement: Callable[[str], Statement], claimed: str, queued: str, for_a_person: str
+    ) -> None:
+        """MySQL's and MariaDB's forms of the statements that return rows or resolve a conflict in one statement
+        elsewhere: no RETURNING (MariaDB's INSERT ... RETURNING is not MySQL's), no ON CONFLICT, no subquery on the
+        table an UPDATE changes. What a statement would return is read first, from rows locked until the
+        transaction ends, then changed by key."""
+        clock = self.clock
+        # The record another run wrote, as committed now: inside a transaction a plain SELECT reads the snapshot
+        # that REPEATABLE READ (MySQL's default) took at the transaction's first read, which may predate it.
+        self._read_latest = statement(self._read.clause.text + " LOCK IN SHARE MODE")
+        self._fail = statement(
+            f"""
+            INSERT INTO {TABLE}
+                (job_type, operation_key, payload_fingerprint, payload, status, claim_token, attempt, claimed_at, note)
+            VALUES (:job_type, :key, :fingerprint, :payload, 'failed', :token, 0, {clock.now}, :note)
+            """
+        )
+        self._fail_known = statement(
+            f"""
+            UPDATE {TABLE} SET status = 'failed', note = :note
+            WHERE job_type = :job_type AND operation_key = :key AND {FAILING.format(status=clock.status)}
+            """
+        )
+        self._queued_due = statement(
+            f"""
+            SELECT operation_key, payload FROM {TABLE}
+            WHERE job_type = :job_type AND status = 'queued' AND claimed_at < {clock.seconds_ago}
+            ORDER BY claimed_at, operation_key
+            LIMIT :limit{clock.for_update}
+            """
+        )
+        self._resend_keys = f"""
+            UPDATE {TABLE} SET claimed_at = {clock.now}
+            WHERE job_type = :job_type AND {queued} AND operation_key IN {KEYS}
+        """
+        self._stale_due = statement(
+            f"""
+            SELECT operation_key FROM {TABLE}
+            WHERE job_type = :job_type AND status = 'claimed' AND {clock.stale}
+            ORDER BY claimed_at, operation_key
+            LIMIT :limit{clock.for_update}
+            """
+        )
+        self._settle_keys = f"""
+            UPDATE {TABLE} SET status = :status, note = :note
+            WHERE job_type = :job_type AND {claimed} AND {clock.stale} AND operation_key IN {KEYS}
+        """
+        self._waiting = statement(
+            f"""
+            SELECT status, {clock.role}, payload FROM {TABLE}
+            WHERE job_type = :job_type AND operation_key = :key AND {for_a_person}{clock.for_update}
+            """
+        )
+        self._audit = statement(
+            f"""
+            INSERT INTO {RESOLUTIONS_TABLE}
+                (job_type, operation_key, resolved_at, resolved_by, resolved_as, database_role,
+                 status_before, status_after, why)
+            VALUES (:job_type, :key, {clock.now}, :by, :resolved_as, :role, :status_before, :status, :why)
+            """
+        )
+
+    def _by_keys(self, sql: str, keys: list[str], params: dict[str, Any]) -> Any:
+        """Runs `sql` (MySQL's) on the rows of `keys`, which the transaction has locked: one placeholder a key."""
+        names = [f"key_{number}" for number in range(len(keys))]
+        built = Statement.build(sql.replace(KEYS, f"({', '.join(f':{name}' for name in names)})"), self.engine.dialect)
+        return self._run(built, params | dict(zip(names, keys, strict=True)))
+
+    def _in_transaction(self) -> bool:
+        return getattr(self._local, "transaction", None) is not None
+
+    def _insert(self, statement: Statement, params: dict[str, Any], conn: Connection | None = None) -> bool:
+        """Runs an INSERT of a new record: whether it was written (False: the key has a record already)."""
+        if self.dialect != "mysql":
+            return self._run(statement, params, conn).fetchone() is not None
+        try:
+            self._run(statement, params, conn)
+        except exc.IntegrityError as error:
+            if is_duplicate_key(error):
+                return False
+            raise
+        return True
+
     def _held(self) -> HeldConnection:
         held: HeldConnection | None = getattr(self._local, "held", None)
         if held is None or held.pid != os.getpid() or not held.alive():
@@ -590,16 +729,22 @@ class ClaimStore:
         return held
 
     def _open(self) -> HeldConnection:
+        pooled = None
         try:
             pooled = self.engine.raw_connection()
+            # Out of the pool for good: this thread keeps it, and closing it closes it.
+            pooled.detach()
+            if self.dialect == "sqlite":
+                pooled.dbapi_connection.isolation_level = None
+            elif self.dialect == "mysql":
+                pooled.dbapi_connection.autocommit(True)  # PyMySQL's is a method, and a round trip
+            else:
+                pooled.dbapi_connection.autocommit = True
         except self._dbapi.Error as error:
+            if pooled is not None:
+                with contextlib.suppress(Exception):
+                    pooled.close()
             raise exc.DBAPIError.instance(None, None, error, self._dbapi.Error, dialect=self.engine.dialect) from error
-        # Out of the pool for good: this thread keeps it, and closing it closes it.
-        pooled.detach()
-        if self.engine.dialect.name == "sqlite":
-            pooled.dbapi_connection.isolation_level = None
-        else:
-            pooled.dbapi_connection.autocommit = True
         return HeldConnection(pooled)
 
     def close(self) -> None:
@@ -675,7 +820,7 @@ class ClaimStore:
         """The new claim's token when this run owns the work; None when a record exists already. `details` may be
         given encoded (encode_details)."""
         params = new_record(key, payload_fingerprint, details)
-        return params["token"] if self._run(self._claim, params).fetchone() is not None else None
+        return params["token"] if self._insert(self._claim, params) else None
 
     def enqueue(
         self, key: str, payload_fingerprint: str, details: Mapping[str, Any] | str, conn: Connection | None = None
@@ -683,17 +828,22 @@ class ClaimStore:
         """Writes the record of an operation the app asks for, as `queued`, before its message is sent; in `conn`
         (the app's transaction) when given. False when the key has a record already (nothing written)."""
         params = new_record(key, payload_fingerprint, details)
-        return self._run(self._enqueue, params, conn).fetchone() is not None
+        return self._insert(self._enqueue, params, conn)
 
     def claim_or_read(
         self, key: str, payload_fingerprint: str, details: Mapping[str, Any] | str
     ) -> str | Record | None:
         """The new claim's token when this run owns the work; else the record another run left.
 
-        On PostgreSQL one statement does both, so a duplicate costs one round trip. None when the record
-        vanished between the two steps (its claim rolled back).
+        On PostgreSQL one statement does both, so a duplicate costs one round trip; on MySQL and MariaDB, outside a
+        transaction, the read comes first (each statement reads what is committed then), and a duplicate costs one
+        round trip too. None when the record vanished between the two steps (its claim rolled back).
         """
-        if self.engine.dialect.name != "postgresql":
+        if self.dialect == "mysql" and not self._in_transaction():
+            record = self.read(key)
+            if record is not None:
+                return record
+        if self.dialect != "postgresql":
             token = self.claim(key, payload_fingerprint, details)
             return token if token is not None else self.read(key)
         params = new_record(key, payload_fingerprint, details)
@@ -706,7 +856,9 @@ class ClaimStore:
         return _record(row[1:])
 
     def read(self, key: str) -> Record | None:
-        row = self._run(self._read, {"job_type": JOB_TYPE, "key": key}, read=True).fetchone()
+        latest = self.dialect == "mysql" and self._in_transaction()
+        row = self._run(self._read_latest if latest else self._read, {"job_type": JOB_TYPE, "key": key}, read=True)
+        row = row.fetchone()
         return _record(row) if row is not None else None
 
     def complete(self, key: str, token: str) -> bool:
@@ -733,7 +885,13 @@ class ClaimStore:
         if status not in ("held", "abandoned"):
             raise ValueError(f"a stale claim is held or abandoned, not {status}")
         params = {"job_type": JOB_TYPE, "status": status, "note": note, "limit": limit}
-        return [key for (key,) in self._run(self._settle_stale_batch, params).fetchall()]
+        if self.dialect != "mysql":
+            return [key for (key,) in self._run(self._settle_stale_batch, params).fetchall()]
+        with self.transaction():
+            keys = [key for (key,) in self._run(self._stale_due, params).fetchall()]
+            if keys:  # locked since they were read: each is still claimed and stale
+                self._by_keys(self._settle_keys, keys, params)
+        return keys
 
     def age(self, key: str, seconds: float) -> bool:
         """Moves the claim back by `seconds`, on the database's clock: never the job's; the try-out and the replay
@@ -750,13 +908,21 @@ class ClaimStore:
         """The queue gave up on this operation after its last retry: `failed`, for a person, with `note` (the last
         error). From released or queued, or a new record when there was none; False when another run holds it."""
         params = new_record(key, fingerprint(key, details), details) | {"note": note}
-        return bool(self._run(self._fail, params).rowcount == 1)
+        if self.dialect != "mysql":
+            return bool(self._run(self._fail, params).rowcount == 1)
+        return self._insert(self._fail, params) or self._run(self._fail_known, params).rowcount == 1
 
     def resend_queued(self, older_than_seconds: float, limit: int = 100) -> list[tuple[str, dict[str, Any]]]:
         """(key, details) of up to `limit` records queued longer than `older_than_seconds`, oldest first, their
         clock reset: the caller sends each message again."""
         params = {"job_type": JOB_TYPE, "seconds": older_than_seconds, "limit": limit}
-        rows = self._run(self._resend_queued, params).fetchall()
+        if self.dialect == "mysql":
+            with self.transaction():
+                rows = self._run(self._queued_due, params).fetchall()
+                if rows:
+                    self._by_keys(self._resend_keys, [key for key, _ in rows], {"job_type": JOB_TYPE})
+        else:
+            rows = self._run(self._resend_queued, params).fetchall()
         return [(key, json.loads(payload or "{}")) for key, payload in rows]
 
     def states(self, due: Mapping[str, float]) -> dict[str, tuple[int, float, int]]:
@@ -789,6 +955,17 @@ class ClaimStore:
                             "SELECT coalesce(pg_get_constraintdef(c.oid), ''), to_regclass(:resolutions) IS NOT NULL"
                             " FROM (SELECT to_regclass(:table) AS t) r"
                             " LEFT JOIN pg_constraint c ON c.conrelid = r.t AND c.conname = :name WHERE r.t IS NOT NULL"
+                        ),
+                        {"table": TABLE, "name": f"{TABLE}_status", "resolutions": RESOLUTIONS_TABLE},
+                    ).one_or_none() or (None, False)
+                elif self.dialect == "mysql":
+                    check, resolutions = conn.execute(
+                        text(
+                            "SELECT coalesce((SELECT check_clause FROM information_schema.check_constraints"
+                            "  WHERE constraint_schema = DATABASE() AND constraint_name = :name), ''),"
+                            " EXISTS (SELECT 1 FROM information_schema.tables"
+                            "  WHERE table_schema = DATABASE() AND table_name = :resolutions)"
+                            " FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = :table"
                         ),
                         {"table": TABLE, "name": f"{TABLE}_status", "resolutions": RESOLUTIONS_TABLE},
                     ).one_or_none() or (None, False)
@@ -841,11 +1018,20 @@ class ClaimStore:
         status = "completed" if done else "queued"
         params = {"job_type": JOB_TYPE, "key": key, "status": status, "done": 1 if done else 0, "by": by, "why": why}
         with self.transaction():
-            audited = self._run(self._audit, {**params, "resolved_as": resolved_as}).fetchone()
-            if audited is None:
-                return None
-            (payload,) = self._run(self._resolve, params).fetchone()
-        before, role = audited
+            if self.dialect == "mysql":
+                waiting = self._run(self._waiting, params).fetchone()
+                if waiting is None:
+                    return None
+                before, role, payload = waiting
+                audit = {**params, "resolved_as": resolved_as, "role": role, "status_before": before}
+                self._run(self._audit, audit)
+                self._run(self._resolve, params)
+            else:
+                audited = self._run(self._audit, {**params, "resolved_as": resolved_as}).fetchone()
+                if audited is None:
+                    return None
+                (payload,) = self._run(self._resolve, params).fetchone()
+                before, role = audited
         return Resolution(before, status, role, json.loads(payload or "{}"))
 
     def resolutions(self, key: str | None = None) -> list[tuple[Any, ...]]:

@@ -44,13 +44,24 @@ def resend_queued_after_seconds() -> int:
     return int(os.environ.get("RESEND_QUEUED_AFTER_SECONDS", str(LEASE_SECONDS)))
 
 
+# the driver each bare scheme of DATABASE_URL is given
+DRIVERS = {
+    "postgresql://": "postgresql+psycopg://",
+    "postgres://": "postgresql+psycopg://",
+    "mysql://": "mysql+pymysql://",
+    "mariadb://": "mariadb+pymysql://",
+}
+
+
 def database_url() -> str:
-    """DATABASE_URL, with PostgreSQL URLs pointed at psycopg 3 (SQLAlchemy's bare postgresql:// means psycopg2)."""
+    """DATABASE_URL, with a bare scheme pointed at the driver the kit installs: PostgreSQL at psycopg 3 (SQLAlchemy's
+    bare postgresql:// means psycopg2), MySQL and MariaDB at PyMySQL (the `mysql` extra; bare, mysqlclient)."""
     url = os.environ.get("DATABASE_URL", "sqlite:///{{ cookiecutter.project_slug }}.sqlite3")
-    for scheme in ("postgresql://", "postgres://"):
+    for scheme, driver in DRIVERS.items():
         if url.startswith(scheme):
-            return "postgresql+psycopg://" + url.removeprefix(scheme)
+            return driver + url.removeprefix(scheme)
     return url
+
 {%- if cookiecutter.effect_kind == "external_no_reference" %}
 
 

@@ -4,8 +4,10 @@ from django.db import migrations
 
 from {{ cookiecutter.project_slug }} import schema
 
+from . import revision
+
 
 class Migration(migrations.Migration):
     initial = True
     dependencies = ()
-    operations = (migrations.RunSQL(schema.CREATE, reverse_sql=schema.DROP),)
+    operations = (revision(schema.CREATE, schema.DROP),)

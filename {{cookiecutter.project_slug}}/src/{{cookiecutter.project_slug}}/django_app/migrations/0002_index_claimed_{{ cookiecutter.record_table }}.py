@@ -5,7 +5,9 @@ from django.db import migrations
 
 from {{ cookiecutter.project_slug }} import schema
 
+from . import revision
+
 
 class Migration(migrations.Migration):
     dependencies = (("{{ cookiecutter.project_slug }}", "0001_create_{{ cookiecutter.record_table }}"),)
-    operations = (migrations.RunSQL(schema.CLAIMED_INDEX, reverse_sql=schema.CLAIMED_INDEX_UNDO),)
+    operations = (revision(schema.CLAIMED_INDEX, schema.CLAIMED_INDEX_UNDO),)

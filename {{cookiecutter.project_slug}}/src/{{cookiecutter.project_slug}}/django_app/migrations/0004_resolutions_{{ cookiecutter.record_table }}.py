@@ -4,7 +4,9 @@ from django.db import migrations
 
 from {{ cookiecutter.project_slug }} import schema
 
+from . import revision
+
 
 class Migration(migrations.Migration):
     dependencies = (("{{ cookiecutter.project_slug }}", "0003_queued_and_failed_{{ cookiecutter.record_table }}"),)
-    operations = (migrations.RunSQL(schema.RESOLUTIONS, reverse_sql=schema.RESOLUTIONS_UNDO),)
+    operations = (revision(schema.RESOLUTIONS, schema.RESOLUTIONS_UNDO),)
