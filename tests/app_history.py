@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services import MARIADB, sql
+from services import psql
 
 APP = Path(__file__).resolve().parent / "alembic_host"
 APP_REVISION = "a1b2c3d4e5f6"
@@ -30,21 +30,20 @@ def alembic(cwd: Path, database_url: str, *args: str) -> subprocess.CompletedPro
 def give_app_history(database_url: str) -> None:
     """Migrates the application's own history (a customers table) into the database, and adds a customer."""
     alembic(APP, database_url, "upgrade", "head")
-    sql(database_url, "INSERT INTO customers (email) VALUES ('customer@example.com')")
+    psql("INSERT INTO customers (email) VALUES ('customer@example.com')", database=database_url.rsplit("/", 1)[1])
 
 
-def versions(database_url: str) -> dict[str, str]:
-    """Every Alembic version table in the database (PostgreSQL's or MariaDB's) and the revision it holds."""
-    schema = "DATABASE()" if database_url.startswith(MARIADB) else "current_schema()"
-    tables = sql(
-        database_url,
-        f"SELECT table_name FROM information_schema.tables WHERE table_schema = {schema}"
-        " AND table_name LIKE '%alembic_version' ORDER BY 1",
+def versions(database: str) -> dict[str, str]:
+    """Every Alembic version table in the database and the revision it holds."""
+    tables = psql(
+        "SELECT table_name FROM information_schema.tables WHERE table_name LIKE '%alembic_version' ORDER BY 1",
+        database=database,
     ).split()
-    return {table: sql(database_url, f"SELECT version_num FROM {table}").strip() for table in tables}
+    return {table: psql(f"SELECT version_num FROM {table}", database=database).strip() for table in tables}
 
 
 def assert_app_history_intact(database_url: str) -> None:
     """The application's history is where it was, and its table still holds its customer."""
-    assert versions(database_url).get("alembic_version") == APP_REVISION, versions(database_url)
-    assert sql(database_url, "SELECT count(*) FROM customers").strip() == "1"
+    database = database_url.rsplit("/", 1)[1]
+    assert versions(database).get("alembic_version") == APP_REVISION, versions(database)
+    assert psql("SELECT count(*) FROM customers", database=database).strip() == "1"

@@ -1,8 +1,7 @@
 """The live services a test run uses, safe on a machine that other runs share.
 
-Addresses come from the environment (REPLAY_POSTGRES_URL, REPLAY_MARIADB_URL, REPLAY_REDIS_URL, REPLAY_RABBITMQ_URL;
-defaults: this machine's own). Every PostgreSQL and MariaDB database a run creates is named by the run's id and
-dropped at the end; a Redis
+Addresses come from the environment (REPLAY_POSTGRES_URL, REPLAY_REDIS_URL, REPLAY_RABBITMQ_URL; defaults: this
+machine's own). Every PostgreSQL database a run creates is named by the run's id and dropped at the end; a Redis
 database is leased for one test (a lease key in Redis database 0, taken only while that database is empty),
 flushed after it, and given back; a RabbitMQ vhost is named by the run's id and the test process, and deleted when
 that process ends (or after a test that failed in it). Nothing this run did not create is dropped or flushed. An
@@ -21,7 +20,6 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 POSTGRES = os.environ.get("REPLAY_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432").rstrip("/")
-MARIADB = os.environ.get("REPLAY_MARIADB_URL", "mysql://root@127.0.0.1:3306").rstrip("/")
 REDIS = os.environ.get("REPLAY_REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
 # the broker's address without a vhost; the vhosts are made with rabbitmqctl, on this machine's node
 RABBITMQ = os.environ.get("REPLAY_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672").rstrip("/")
@@ -41,27 +39,6 @@ def psql(sql: str, database: str = "postgres") -> str:
     return result.stdout
 
 
-def mariadb(sql: str, database: str = "") -> str:
-    """One statement through MariaDB's client, as psql: tab-separated rows, no header."""
-    server = urlsplit(MARIADB)
-    argv = ["mysql", "--batch", "--skip-column-names", f"--host={server.hostname}", f"--port={server.port or 3306}"]
-    argv += [f"--user={server.username or 'root'}", *([f"--password={server.password}"] if server.password else [])]
-    result = subprocess.run(
-        [*argv, f"--execute={sql}", *([database] if database else [])],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return result.stdout
-
-
-def sql(database_url: str, statement: str) -> str:
-    """One statement on a database of this run, PostgreSQL's or MariaDB's as its URL says, through its client."""
-    base, _, database = database_url.rpartition("/")
-    return mariadb(statement, database) if base == MARIADB else psql(statement, database)
-
-
 def redis(database: int, *args: str) -> str:
     result = subprocess.run(
         ["redis-cli", "-u", f"{REDIS}/{database}", *args], check=True, capture_output=True, text=True, timeout=30
@@ -78,17 +55,6 @@ def postgres_database(purpose: str) -> Iterator[str]:
         yield f"{POSTGRES}/{name}"
     finally:
         psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-
-@contextlib.contextmanager
-def mariadb_database(purpose: str) -> Iterator[str]:
-    """The URL of a new MariaDB database named for this run and purpose, dropped afterwards."""
-    name = f"rm_{RUN_ID}_{purpose}"[:64]
-    mariadb(f"CREATE DATABASE `{name}`")
-    try:
-        yield f"{MARIADB}/{name}"
-    finally:
-        mariadb(f"DROP DATABASE IF EXISTS `{name}`")
 
 
 @contextlib.contextmanager

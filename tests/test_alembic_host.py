@@ -25,7 +25,7 @@ def test_kit_migrates_beside_an_app_history(request: pytest.FixtureRequest, tmp_
         give_app_history(url)
 
         alembic(kit, url, "upgrade", "head")
-        assert versions(url) == {"alembic_version": APP_REVISION, "order_confirmation_alembic_version": "0004"}
+        assert versions(database) == {"alembic_version": APP_REVISION, "order_confirmation_alembic_version": "0004"}
         assert psql("SELECT count(*) FROM handled_operations", database=database).strip() == "0"
         assert_app_history_intact(url)
         # the application goes on with its own history as before

@@ -1,7 +1,6 @@
 """The harness: for every combination whose queue system has a kit, run the kit's own suite, embedded and live,
 then read the replay-report.json it wrote and hold it to the data; a Sidekiq kit runs on every Ruby stack
-of stacks.py, the SQS kit through each of its entry points (the consumer, the Lambda handler), a Python kit live on
-MariaDB too (OTHER_DATABASES). A live
+of stacks.py, the SQS kit through each of its entry points (the consumer, the Lambda handler). A live
 Python kit migrates a database that already holds an application's own Alembic history (app_history.py).
 Nothing is proven twice: each test file runs on every combination whose answers change its text, on every mode,
 broker, entry point and stack where it can fail differently (proven_elsewhere). The Python kits run on a second
@@ -33,7 +32,7 @@ import stacks
 from app_history import assert_app_history_intact, give_app_history
 from generate import baked
 from matrix import combinations, combo_id, covering, expected
-from services import mariadb_database, postgres_database, rabbitmq_vhost, redis_database
+from services import postgres_database, rabbitmq_vhost, redis_database
 
 # How each language's kit runs its suite and its linters, from the kit's root.
 SUITES = {
@@ -49,8 +48,6 @@ REPLAY_CASES = {
 ENTRY_POINTS = {"sqs": ["consumer", "lambda"]}
 # The brokers a kit's live suite runs on, one run each (embedded, a Celery kit uses kombu's in-memory transport).
 BROKERS = {"celery": ["redis", "rabbitmq"]}
-# The databases a kit's live suite runs on besides PostgreSQL, one run each, with the first broker or entry point.
-OTHER_DATABASES = {"celery": ["mariadb"], "sqs": ["mariadb"]}
 # The test files that no broker or entry point goes through (the claim store on the database alone; SQS: the
 # Lambda handler called directly): the combination's first run proves them, and its runs on the other brokers
 # or entry points leave them out. Every test that sends through the queue or kills its workers runs on each.
@@ -84,13 +81,10 @@ WITH_KIT = [combo for combo in combinations() if combo["queue_system"] in LANGUA
 
 
 def variants(queue_system: str, mode: str) -> list[str | None]:
-    """What a kit's suite runs once on each of: an entry point, or (live) a broker; else just once. Live, then
-    once on each other database."""
+    """What a kit's suite runs once on each of: an entry point, or (live) a broker; else just once."""
     if mode == "live" and queue_system in BROKERS:
-        found = list(BROKERS[queue_system])
-    else:
-        found = list(ENTRY_POINTS.get(queue_system, [None]))
-    return found + (OTHER_DATABASES.get(queue_system, []) if mode == "live" else [])
+        return list(BROKERS[queue_system])
+    return list(ENTRY_POINTS.get(queue_system, [None]))
 
 
 Run = tuple[dict[str, str], str, str | None, str]  # combination, mode, broker or entry point, stack
@@ -205,12 +199,7 @@ def run_name(request: pytest.FixtureRequest) -> str:
 
 
 def assert_report(
-    kit: Path,
-    combo: dict[str, str],
-    mode: str,
-    entry_point: str | None = None,
-    broker: str | None = None,
-    on_mariadb: bool = False,
+    kit: Path, combo: dict[str, str], mode: str, entry_point: str | None = None, broker: str | None = None
 ) -> None:
     """replay-report.json says that every one of the seven rows was observed as the data expects."""
     report = json.loads((kit / "replay-report.json").read_text())
@@ -221,11 +210,7 @@ def assert_report(
     if broker:  # named, with the version its server gave
         named = next(fact["value"] for fact in report["environment"] if fact["name"] == "Broker")
         assert re.fullmatch(r"\S+ \d+\.\d+\.\d+", named) and named.split()[0].lower() == broker, named
-    database = "sqlite" if mode == "embedded" else "mysql" if on_mariadb else "postgresql"
-    assert report["database"] == database
-    server = next(fact["value"] for fact in report["environment"] if fact["name"] == "Database")
-    named = {"sqlite": "SQLite", "mysql": "MariaDB", "postgresql": "PostgreSQL"}[database]
-    assert re.match(rf"{named} \d+\.\d+", server), server  # the server's name and version, as it gave them
+    assert report["database"] == ("postgresql" if mode == "live" else "sqlite")
     rows = report["rows"]
     assert [row["case"] for row in rows] == [1, 2, 3, 4, 5, 6, 7]
     for row, want in zip(rows, expected(combo["effect_kind"], combo["stale_claim_policy"]), strict=True):
@@ -253,15 +238,12 @@ def test_kit_suite_proves_the_policy(
     language = LANGUAGES[combo["queue_system"]]
     entry_point = variant if variant in ENTRY_POINTS.get(combo["queue_system"], []) else None
     broker = variant if variant in BROKERS.get(combo["queue_system"], []) else None
-    on_mariadb = variant == "mariadb"
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL")}
     if entry_point:
         env["REPLAY_ENTRY_POINT"] = entry_point
     with contextlib.ExitStack() as services:
         if mode == "live":
-            database = services.enter_context(
-                (mariadb_database if on_mariadb else postgres_database)(run_name(request))
-            )
+            database = services.enter_context(postgres_database(run_name(request)))
             env["DATABASE_URL"] = database
             if broker == "rabbitmq":
                 env["CELERY_BROKER_URL"] = services.enter_context(rabbitmq_vhost())
@@ -270,8 +252,7 @@ def test_kit_suite_proves_the_policy(
                 env |= {"CELERY_BROKER_URL": redis_url, "REDIS_URL": redis_url}
             if language == "python":
                 give_app_history(database)
-        # the first broker or entry point, and each other database, run the files that none goes through
-        first_variant = variant == variants(combo["queue_system"], mode)[0] or on_mariadb
+        first_variant = variant == variants(combo["queue_system"], mode)[0]
         # a second Python's few runs are whole: nothing of theirs is proven elsewhere on that Python
         second_python = language == "python" and stack != stacks.PYTHON_STACKS[0]
         left_out = set() if second_python else proven_elsewhere(kit, combo, first_variant, tmp_path / "leader")
@@ -285,7 +266,7 @@ def test_kit_suite_proves_the_policy(
         if mode == "live" and language == "python":
             assert_app_history_intact(database)
     print(f"{combo_id(combo)} {mode} {variant or ''} {stack}: suite passed in {seconds:.1f} s")
-    assert_report(kit, combo, mode, entry_point, broker, on_mariadb)
+    assert_report(kit, combo, mode, entry_point, broker)
 
 
 @pytest.mark.parametrize("combo", WITH_KIT, ids=combo_id)

@@ -5,9 +5,7 @@ import os
 from alembic import context
 from sqlalchemy import create_engine
 
-# the drivers installed here: psycopg 3 and PyMySQL
 url = os.environ["DATABASE_URL"].replace("postgresql://", "postgresql+psycopg://", 1)
-url = url.replace("mysql://", "mysql+pymysql://", 1)
 engine = create_engine(url)
 with engine.connect() as connection:
     context.configure(connection=connection)
