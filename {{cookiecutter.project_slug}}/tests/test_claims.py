@@ -14,10 +14,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import TABLE, Records
-from sqlalchemy import Engine, exc, text
+from sqlalchemy import Engine, TextClause, exc, text
 from test_operations import schema_sql_statements
 from test_replay import DETAILS, KEY
 
@@ -216,32 +217,32 @@ def test_a_duplicate_stays_an_index_lookup_after_statistics_taken_on_an_empty_ta
         assert "Seq Scan" in kept_plan(engine, records, *generic, "SET enable_seqscan = on")
 
 
-def end_idle_connection(store: ClaimStore) -> None:
-    """The calling thread's connection of `store` ends while idle: its server process is terminated, and gone
-    (PostgreSQL), its thread killed (MySQL, MariaDB), or it is closed under the store (SQLite has no server)."""
-    held = store._held()
+def server_process(store: ClaimStore, connection: Any) -> tuple[int, TextClause, TextClause]:
+    """The server's process behind a driver's connection (MySQL's and MariaDB's thread), the statement that ends it,
+    and the one that says it is gone."""
     if store.dialect == "mysql":
-        thread = {"thread": held.connection.thread_id()}
-        with store.engine.connect() as conn:
-            conn.execute(text("KILL :thread"), thread)
-            gone = text("SELECT NOT EXISTS (SELECT 1 FROM information_schema.processlist WHERE id = :thread)")
-            deadline = time.monotonic() + 30
-            while not conn.execute(gone, thread).scalar_one():
-                assert time.monotonic() < deadline, "the killed connection's thread is still there after 30 s"
-                time.sleep(0.01)
-    elif store.engine.dialect.name == "postgresql":
-        pid = {"pid": held.connection.info.backend_pid}
-        with store.engine.connect() as conn:
-            conn.execute(text("SELECT pg_terminate_backend(:pid)"), pid)
-            # the terminated process says its last word, then exits: gone, it has said it
-            gone = text("SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = :pid)")
-            deadline = time.monotonic() + 30
-            while not conn.execute(gone, pid).scalar_one():
-                assert time.monotonic() < deadline, "the terminated server process is still there after 30 s"
-                conn.rollback()  # pg_stat_activity is read once per transaction
-                time.sleep(0.01)
-    else:
+        gone = "SELECT NOT EXISTS (SELECT 1 FROM information_schema.processlist WHERE id = :pid)"
+        return connection.thread_id(), text("KILL :pid"), text(gone)
+    gone = "SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = :pid)"
+    return connection.info.backend_pid, text("SELECT pg_terminate_backend(:pid)"), text(gone)
+
+
+def end_idle_connection(store: ClaimStore) -> None:
+    """The calling thread's connection of `store` ends while idle: its server process is ended, and gone
+    (PostgreSQL, MySQL, MariaDB), or it is closed under the store (SQLite has no server)."""
+    held = store._held()
+    if store.dialect == "sqlite":
         held.connection.close()
+        return
+    pid, end, gone = server_process(store, held.connection)
+    with store.engine.connect() as conn:
+        conn.execute(end, {"pid": pid})
+        # the ended process says its last word, then exits: gone, it has said it
+        deadline = time.monotonic() + 30
+        while not conn.execute(gone, {"pid": pid}).scalar_one():
+            assert time.monotonic() < deadline, "the ended server process is still there after 30 s"
+            conn.rollback()  # pg_stat_activity is read once per transaction
+            time.sleep(0.01)
 
 
 @contextlib.contextmanager
@@ -256,17 +257,15 @@ def connection_lost_during_the_claim(store: ClaimStore, key: str, encoded: str) 
     # how often the waiting is looked for: InnoDB refreshes what information_schema.innodb_trx shows only once it has
     # not been read for 0.1 s
     poll = 0.01
+    pid, end, _ = server_process(store, store._held().connection)
     if store.dialect == "mysql":
-        pid, poll = store._held().connection.thread_id(), 0.15
+        poll = 0.15
         waiting = text(
             "SELECT count(*) FROM information_schema.innodb_trx"
             " WHERE trx_mysql_thread_id = :pid AND trx_state = 'LOCK WAIT'"
         )
-        end = text("KILL :pid")
     else:
-        pid = store._held().connection.info.backend_pid
         waiting = text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid AND wait_event_type = 'Lock'")
-        end = text("SELECT pg_terminate_backend(:pid)")
     # another store on this thread holds the claim in its transaction, which the store's error rolls back
     holder = ClaimStore(store.engine)
     try:
